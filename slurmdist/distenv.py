@@ -1,0 +1,104 @@
+"""`DistEnv`: who this process is in a distributed job, as one immutable value."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Optional, Tuple
+
+from .errors import LaunchError
+
+LAUNCHERS = (
+    "torchrun",
+    "slurm",
+    "openmpi",
+    "pmi",
+    "mvapich",
+    "pals",
+    "flux",
+    "jsrun",
+    "submitit-local",
+    "mpi4py",
+    "single",
+)
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    """The topology of one process, as a launcher described it.
+
+    `node_rank` and `num_nodes` are None only where the launcher gives no way to know them (MPI launchers
+    across several nodes); `master_addr`/`master_port` are None where they are resolved at `init()` time.
+    `device`, `device_ids` and `backend` are filled in by `slurmdist.init()`.
+    """
+
+    launcher: str
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    node_rank: Optional[int]
+    num_nodes: Optional[int]
+    master_addr: Optional[str]
+    master_port: Optional[int]
+    job_id: Optional[str]
+    device: Any = dataclasses.field(default=None, compare=False)
+    device_ids: Optional[Tuple[int, ...]] = None
+    backend: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        check_topology(self)
+
+    @property
+    def is_main(self) -> bool:
+        """True on global rank 0, the process that logs, saves and hosts the rendezvous store."""
+        return self.rank == 0
+
+    @property
+    def is_local_main(self) -> bool:
+        """True on local rank 0: the process that should download or unpack per-node data."""
+        return self.local_rank == 0
+
+    @property
+    def is_distributed(self) -> bool:
+        return self.world_size > 1
+
+    def replace(self, **changes: Any) -> "DistEnv":
+        """A copy with some fields changed (the value itself is frozen)."""
+        return dataclasses.replace(self, **changes)
+
+    def as_dict(self) -> dict:
+        """Plain, JSON-ready fields (the torch device as its string form)."""
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        fields["device"] = None if self.device is None else str(self.device)
+        fields["device_ids"] = None if self.device_ids is None else list(self.device_ids)
+        fields["is_main"] = self.is_main
+        return fields
+
+
+def check_topology(env: DistEnv) -> None:
+    """Reject a topology that cannot be true, naming the launcher whose variables said so."""
+    if env.launcher not in LAUNCHERS:
+        raise LaunchError(f"unknown launcher {env.launcher!r}; expected one of {', '.join(LAUNCHERS)}")
+    pairs = [
+        ("rank", env.rank, "world_size", env.world_size),
+        ("local_rank", env.local_rank, "local_world_size", env.local_world_size),
+    ]
+    if env.node_rank is not None and env.num_nodes is not None:
+        pairs.append(("node_rank", env.node_rank, "num_nodes", env.num_nodes))
+    for index_name, index, size_name, size in pairs:
+        if size < 1:
+            raise LaunchError(f"{env.launcher}: {size_name}={size} must be at least 1")
+        if not 0 <= index < size:
+            raise LaunchError(
+                f"{env.launcher}: {index_name}={index} is outside 0..{size - 1} ({size_name}={size}); "
+                "the launcher variables contradict each other: relaunch, or unset stale variables "
+                "left over from an outer job"
+            )
+    if env.local_world_size > env.world_size:
+        raise LaunchError(
+            f"{env.launcher}: local_world_size={env.local_world_size} exceeds world_size={env.world_size}; "
+            "the launcher variables contradict each other"
+        )
+    if env.master_port is not None and not 0 < env.master_port < 65536:
+        raise LaunchError(f"{env.launcher}: master port {env.master_port} is outside 1..65535")

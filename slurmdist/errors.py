@@ -1,0 +1,34 @@
+"""Exceptions raised by slurmdist.
+
+Every message names the variable, host or value at fault and says what to do, because the person reading it
+is usually looking at the log of a job that has already failed on a cluster.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+
+class SlurmdistError(Exception):
+    """Base class of every error slurmdist raises on purpose."""
+
+
+class LaunchError(SlurmdistError):
+    """The launcher environment is missing, malformed or contradicts itself."""
+
+    def __init__(self, message: str, variable: Optional[str] = None, value: Optional[str] = None) -> None:
+        super().__init__(message)
+        self.variable = variable
+        self.value = value
+
+
+class HostlistError(SlurmdistError, ValueError):
+    """A Slurm hostlist expression does not parse."""
+
+
+class RendezvousError(SlurmdistError):
+    """The process group could not be formed: timeout, unreachable or unresolvable master, busy port."""
+
+
+class BackendError(SlurmdistError):
+    """The requested communication backend or device is not available in this torch build."""
