@@ -1,0 +1,68 @@
+"""slurmdist: start torch.distributed correctly, quickly and loudly-when-wrong on HPC clusters.
+
+    import slurmdist
+    env = slurmdist.init()      # detect the launcher, pick backend and device, form the process group
+
+`import slurmdist` stays cheap (no torch, mpi4py or submitit): names are loaded on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from .distenv import DistEnv
+from .errors import BackendError, HostlistError, LaunchError, RendezvousError, SlurmdistError
+
+__version__ = "0.1.0"
+
+# Public name -> module that defines it. Loaded lazily so that `import slurmdist` costs microseconds and
+# never drags in torch: only `init()` and friends need it.
+_LAZY = {
+    "detect": "detect",
+    "torchrun_variables": "exporting",
+    "export_env": "exporting",
+    "init": "process_group",
+    "shutdown": "process_group",
+    "initialized": "process_group",
+    "is_initialized": "process_group",
+    "barrier": "process_group",
+    "is_main": "process_group",
+    "get_env": "process_group",
+    "print0": "logs",
+    "RankFilter": "logs",
+    "rank_logger": "logs",
+    "hostlist": "hostlist",
+}
+
+__all__ = [
+    "DistEnv",
+    "SlurmdistError",
+    "LaunchError",
+    "HostlistError",
+    "RendezvousError",
+    "BackendError",
+    *_LAZY,
+]
+
+
+def __getattr__(name: str) -> Any:
+    module_name = _LAZY.get(name)
+    if module_name is None:
+        raise AttributeError(f"module 'slurmdist' has no attribute {name!r}")
+    module = importlib.import_module(f".{module_name}", __name__)
+    value = module if name == module_name else getattr(module, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list:
+    return sorted(set(globals()) | set(__all__))
+
+
+if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
+    from . import hostlist
+    from .detect import detect
+    from .exporting import export_env, torchrun_variables
+    from .logs import RankFilter, print0, rank_logger
+    from .process_group import barrier, get_env, init, initialized, is_initialized, is_main, shutdown

@@ -1,0 +1,41 @@
+"""torchrun's variable names for a detected topology, for libraries and scripts that read them."""
+
+from __future__ import annotations
+
+import os
+from typing import Dict, MutableMapping, Optional
+
+from .distenv import DistEnv
+
+
+def torchrun_variables(env: DistEnv) -> Dict[str, str]:
+    """RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT (+ GROUP_RANK/GROUP_WORLD_SIZE).
+
+    Master address and port are left out when not yet known (MPI across nodes before `init()`).
+    """
+    variables = {
+        "RANK": str(env.rank),
+        "LOCAL_RANK": str(env.local_rank),
+        "WORLD_SIZE": str(env.world_size),
+        "LOCAL_WORLD_SIZE": str(env.local_world_size),
+    }
+    if env.node_rank is not None:
+        variables["GROUP_RANK"] = str(env.node_rank)
+    if env.num_nodes is not None:
+        variables["GROUP_WORLD_SIZE"] = str(env.num_nodes)
+    if env.master_addr is not None:
+        variables["MASTER_ADDR"] = env.master_addr
+    if env.master_port is not None:
+        variables["MASTER_PORT"] = str(env.master_port)
+    return variables
+
+
+def export_env(env: DistEnv, environ: Optional[MutableMapping[str, str]] = None) -> Dict[str, str]:
+    """Set torchrun's variables in `environ` (default `os.environ`); returns what was set.
+
+    This is the one place slurmdist writes the environment, and only when asked to.
+    """
+    target = os.environ if environ is None else environ
+    variables = torchrun_variables(env)
+    target.update(variables)
+    return variables
