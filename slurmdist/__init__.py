@@ -19,7 +19,7 @@ __version__ = "0.1.0"
 # Public name -> module that defines it. Loaded lazily so that `import slurmdist` costs microseconds and
 # never drags in torch: only `init()` and friends need it.
 _LAZY = {
-    "detect": "detect",
+    "detect": "detection",
     "torchrun_variables": "exporting",
     "export_env": "exporting",
     "init": "process_group",
@@ -51,6 +51,8 @@ def __getattr__(name: str) -> Any:
     if module_name is None:
         raise AttributeError(f"module 'slurmdist' has no attribute {name!r}")
     module = importlib.import_module(f".{module_name}", __name__)
+    # Submodules are named apart from the functions they hold (detection.detect, not detect.detect), because
+    # importing a submodule binds its name on the package and would shadow a function of the same name.
     value = module if name == module_name else getattr(module, name)
     globals()[name] = value
     return value
@@ -62,7 +64,7 @@ def __dir__() -> list:
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from . import hostlist
-    from .detect import detect
+    from .detection import detect
     from .exporting import export_env, torchrun_variables
     from .logs import RankFilter, print0, rank_logger
     from .process_group import barrier, get_env, init, initialized, is_initialized, is_main, shutdown

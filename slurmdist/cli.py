@@ -1,0 +1,134 @@
+"""The `slurmdist` command line. Errors go to stderr with exit status 2, never as a traceback."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+from typing import Callable, Dict, List, Optional, Sequence
+
+from .distenv import DistEnv
+from .errors import SlurmdistError
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "handler", None):
+        parser.print_usage(sys.stderr)
+        print(f"{parser.prog}: error: a command is required", file=sys.stderr)
+        return 2
+    try:
+        return args.handler(args)
+    except SlurmdistError as error:
+        print(f"slurmdist: error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="slurmdist",
+        description="Start torch.distributed correctly under Slurm, MPI, torchrun and submitit.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    commands = parser.add_subparsers(title="commands", metavar="COMMAND")
+
+    env = commands.add_parser("env", help="print this process's detected rank, world size and master")
+    env.add_argument("--format", choices=("text", "json", "shell"), default="text",
+                     help="shell: `export RANK=...` lines for eval, in torchrun's variable names")
+    env.set_defaults(handler=_env)
+
+    run = commands.add_parser(
+        "run",
+        help="run a command with torchrun's variables set (RANK, LOCAL_RANK, WORLD_SIZE, ...)",
+        description="Exec CMD with RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT "
+        "set from the detected launcher, so a torchrun-style script runs unchanged under srun or mpirun: "
+        "`srun slurmdist run -- python train.py`.",
+    )
+    run.add_argument("--timeout", type=float, default=None,
+                     help="seconds to wait when the master address must be agreed over MPI")
+    run.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD [ARGS...]")
+    run.set_defaults(handler=_run)
+
+    hosts = commands.add_parser("hostlist", help="expand, compress or take the first host of a Slurm hostlist")
+    hosts.add_argument("action", choices=("expand", "compress", "first", "count"))
+    hosts.add_argument("hosts", nargs="+", help="a hostlist such as node[1-4]; for compress, host names")
+    hosts.set_defaults(handler=_hostlist)
+
+    return parser
+
+
+def _env(args: argparse.Namespace) -> int:
+    from .detection import detect
+
+    env = detect()
+    print(format_env(env, args.format))
+    return 0
+
+
+def format_env(env: DistEnv, style: str) -> str:
+    """The detected topology as text, JSON, or `export` lines for a POSIX shell."""
+    if style == "json":
+        return json.dumps(env.as_dict(), sort_keys=True)
+    if style == "shell":
+        from .exporting import torchrun_variables
+
+        return "\n".join(f"export {name}={shlex.quote(value)}" for name, value in torchrun_variables(env).items())
+    fields = env.as_dict()
+    width = max(len(name) for name in fields)
+    return "\n".join(f"{name:<{width}}  {'-' if value is None else value}" for name, value in fields.items())
+
+
+def _run(args: argparse.Namespace) -> int:
+    from .detection import detect
+    from .exporting import torchrun_variables
+
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise SlurmdistError("slurmdist run needs a command: `slurmdist run -- python train.py ARGS...`")
+    env = detect()
+    if env.master_addr is None or env.master_port is None:
+        from .rendezvous import resolve_master
+
+        env = resolve_master(env, timeout=args.timeout)
+    child_env: Dict[str, str] = dict(os.environ)
+    child_env.update(torchrun_variables(env))
+    try:
+        # exec, not a child process: Slurm's signals (preemption, time limit) reach the command directly.
+        os.execvpe(command[0], command, child_env)
+    except FileNotFoundError:
+        print(f"slurmdist: error: command not found: {command[0]!r}", file=sys.stderr)
+        return 127
+    except PermissionError:
+        print(f"slurmdist: error: command is not executable: {command[0]!r}", file=sys.stderr)
+        return 126
+    return 0  # pragma: no cover - execvpe does not return
+
+
+def _hostlist(args: argparse.Namespace) -> int:
+    from . import hostlist
+
+    text = ",".join(args.hosts)
+    if args.action == "expand":
+        print("\n".join(hostlist.expand(text)))
+    elif args.action == "compress":
+        print(hostlist.compress(hostlist.expand(text)))
+    elif args.action == "first":
+        print(hostlist.first(text))
+    else:
+        print(hostlist.count(text))
+    return 0
+
+
+def _version() -> str:
+    from . import __version__
+
+    return __version__

@@ -1,0 +1,122 @@
+"""`detect()`: which launcher started this process, and who this process is. Pure dictionary work.
+
+Precedence, first match wins:
+
+1. torchrun (often run inside srun, one agent per node: its children's variables describe them)
+2. submitit's LocalExecutor (its tasks may inherit an outer allocation's SLURM_* variables)
+3. an srun step, unless an MPI launcher's own variables disagree with it (mpirun inside an allocation
+   starts its daemons with srun, so its ranks carry the daemons' step variables)
+4. MPI launchers: Open MPI, MVAPICH2, Cray PALS, LSF jsrun, PMI (MPICH, Intel MPI, Hydra), Flux
+5. a Slurm job outside any step: the batch script with several tasks is an error, an salloc shell a warning
+6. a single process
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Callable, Dict, Mapping, Optional
+
+from .distenv import DistEnv
+from .envvars import read_count, read_text, scheduler_job_id
+from .errors import LaunchError
+from .launchers import flux, mpi, slurm, submitit_local, torchrun
+
+logger = logging.getLogger("slurmdist")
+
+Reader = Callable[[Mapping[str, str]], Optional[DistEnv]]
+
+# Readers by launcher name, for SLURMDIST_LAUNCHER=NAME (forces one when the variables are ambiguous).
+READERS: Dict[str, Reader] = {
+    "torchrun": torchrun.read,
+    "submitit-local": submitit_local.read,
+    "slurm": slurm.read_step,
+    **{spec.launcher: (lambda environ, spec=spec: mpi.read(spec, environ)) for spec in mpi.SPECS},
+    "flux": flux.read,
+}
+
+FORCE_VARIABLE = "SLURMDIST_LAUNCHER"
+
+
+def detect(environ: Optional[Mapping[str, str]] = None) -> DistEnv:
+    """The topology of this process, read from `environ` (default: ``os.environ``, never modified).
+
+    Raises `LaunchError` naming the variable and value when the launcher's variables are malformed or
+    contradict each other, and in an sbatch batch script that asked for several tasks but has no srun.
+    """
+    environ = os.environ if environ is None else environ
+    forced = environ.get(FORCE_VARIABLE)
+    if forced is not None:
+        return _forced(forced, environ)
+    for reader in (torchrun.read, submitit_local.read):
+        env = reader(environ)
+        if env is not None:
+            return env
+    step = slurm.read_step(environ)
+    launched_by_mpi = _read_mpi(environ, inside_step=step is not None)
+    if step is not None and not _mpirun_inside_step(step, launched_by_mpi):
+        return step
+    if launched_by_mpi is not None:
+        return launched_by_mpi
+    return single(environ, job_id=slurm.check_outside_step(environ))
+
+
+def single(environ: Mapping[str, str], job_id: Optional[str] = None) -> DistEnv:
+    """Rank 0 of 1 on this machine."""
+    return DistEnv(
+        launcher="single",
+        rank=0,
+        local_rank=0,
+        world_size=1,
+        local_world_size=1,
+        node_rank=0,
+        num_nodes=1,
+        master_addr=read_text(environ, "MASTER_ADDR") or "127.0.0.1",
+        master_port=read_count(environ, "MASTER_PORT", minimum=1),
+        job_id=job_id or scheduler_job_id(environ),
+    )
+
+
+def _read_mpi(environ: Mapping[str, str], *, inside_step: bool) -> Optional[DistEnv]:
+    return mpi.read_any(environ, complete_only=inside_step) or flux.read(environ)
+
+
+def _mpirun_inside_step(step: DistEnv, launched_by_mpi: Optional[DistEnv]) -> bool:
+    """True when an MPI launcher started this process from daemons that srun started.
+
+    srun's own PMI (``--mpi=pmi2``) agrees with the step on rank and size; mpirun's daemon step does not.
+    """
+    if launched_by_mpi is None:
+        return False
+    disagree = (launched_by_mpi.rank, launched_by_mpi.world_size) != (step.rank, step.world_size)
+    if disagree:
+        logger.debug(
+            "slurmdist: %s ranks inside srun step (rank %d of %d vs step task %d of %d): using %s",
+            launched_by_mpi.launcher,
+            launched_by_mpi.rank,
+            launched_by_mpi.world_size,
+            step.rank,
+            step.world_size,
+            launched_by_mpi.launcher,
+        )
+    return disagree
+
+
+def _forced(name: str, environ: Mapping[str, str]) -> DistEnv:
+    name = name.strip()
+    if name == "single":
+        return single(environ)
+    reader = READERS.get(name)
+    if reader is None:
+        choices = ", ".join(sorted([*READERS, "single"]))
+        raise LaunchError(f"{FORCE_VARIABLE}={name!r} is not a launcher slurmdist reads; use one of {choices}",
+                          FORCE_VARIABLE, name)
+    env = reader(environ)
+    if env is None:
+        raise LaunchError(
+            f"{FORCE_VARIABLE}={name!r} but that launcher's variables are not set in this process; "
+            f"unset {FORCE_VARIABLE} or launch with {name}",
+            FORCE_VARIABLE,
+            name,
+        )
+    return env

@@ -1,0 +1,136 @@
+"""Reading launcher variables: integers, task-per-node lists and job ids, with errors that name the variable.
+
+Readers call these instead of `int(environ[...])` so that an empty, negative or non-numeric value reaches the
+user as "SLURM_PROCID='' is empty" rather than a bare ValueError from deep inside a job.
+"""
+
+from __future__ import annotations
+
+from typing import List, Mapping, Optional, Sequence, Tuple
+
+from .errors import LaunchError
+
+# torch stores ranks and sizes as 32-bit ints; anything larger is a corrupt variable, not a big job.
+MAX_COUNT = 2**31 - 1
+
+JOB_ID_VARIABLES = ("SLURM_JOB_ID", "SLURM_JOBID", "FLUX_JOB_ID", "LSB_JOBID", "PBS_JOBID", "PALS_APID")
+
+
+def parse_count(name: str, raw: str, *, minimum: int = 0) -> int:
+    """`raw` as a whole number >= `minimum`, or a LaunchError naming `name` and the value."""
+    text = raw.strip()
+    if not text:
+        raise LaunchError(
+            f"{name} is set but empty; unset it or launch through the launcher that sets it", name, raw
+        )
+    if not (text.isdigit() and text.isascii()):
+        if text.startswith("-") and text[1:].isdigit():
+            problem = "is negative"
+        else:
+            problem = "is not a whole number"
+        raise LaunchError(
+            f"{name}={raw!r} {problem}; expected an integer >= {minimum}. Fix or unset it (launchers set it "
+            "per process: a bad value usually comes from a hand-written export or an outer job).",
+            name,
+            raw,
+        )
+    value = int(text)
+    if value > MAX_COUNT:
+        raise LaunchError(f"{name}={raw!r} is too large (over {MAX_COUNT}); the variable is corrupt", name, raw)
+    if value < minimum:
+        raise LaunchError(f"{name}={raw!r} must be at least {minimum}", name, raw)
+    return value
+
+
+def read_count(environ: Mapping[str, str], name: str, *, minimum: int = 0) -> Optional[int]:
+    """The variable as a count, or None when it is not set at all."""
+    raw = environ.get(name)
+    return None if raw is None else parse_count(name, raw, minimum=minimum)
+
+
+def first_count(
+    environ: Mapping[str, str], names: Sequence[str], *, minimum: int = 0
+) -> Optional[Tuple[str, int]]:
+    """(name, value) of the first of `names` that is set, or None when none is."""
+    for name in names:
+        raw = environ.get(name)
+        if raw is not None:
+            return name, parse_count(name, raw, minimum=minimum)
+    return None
+
+
+def require_count(
+    environ: Mapping[str, str], name: str, launcher: str, *, minimum: int = 0, why: str = ""
+) -> int:
+    """The variable as a count; missing is an error, since `launcher` always sets it."""
+    value = read_count(environ, name, minimum=minimum)
+    if value is None:
+        why = why or "the environment is incomplete"
+        raise LaunchError(
+            f"{launcher} launch detected but {name} is not set: {why}. "
+            f"Launch through {launcher} itself, or set {name}.",
+            name,
+        )
+    return value
+
+
+def parse_tasks_per_node(name: str, raw: str) -> List[int]:
+    """Slurm's compressed per-node counts, e.g. ``'2(x3),1'`` -> ``[2, 2, 2, 1]``."""
+    counts: List[int] = []
+    if not raw.strip():
+        raise LaunchError(f"{name} is set but empty; expected a list such as '4(x2)' or '2,1'", name, raw)
+    for item in raw.split(","):
+        item = item.strip()
+        count_text, sep, repeat_text = item.partition("(x")
+        if sep:
+            if not repeat_text.endswith(")"):
+                raise LaunchError(f"{name}={raw!r}: {item!r} is not of the form COUNT(xREPEAT)", name, raw)
+            repeat = _tasks_number(name, raw, repeat_text[:-1], minimum=1)
+        else:
+            repeat = 1
+        count = _tasks_number(name, raw, count_text, minimum=0)
+        if len(counts) + repeat > MAX_COUNT:
+            raise LaunchError(f"{name}={raw!r} describes too many nodes", name, raw)
+        counts.extend([count] * repeat)
+    return counts
+
+
+def _tasks_number(name: str, raw: str, text: str, *, minimum: int) -> int:
+    try:
+        return parse_count(name, text, minimum=minimum)
+    except LaunchError:
+        raise LaunchError(
+            f"{name}={raw!r} does not parse: {text!r} is not a count; expected a list such as '4(x2)' or '2,1'",
+            name,
+            raw,
+        ) from None
+
+
+def read_text(environ: Mapping[str, str], name: str) -> Optional[str]:
+    """A non-empty text variable (stripped), None when unset; set-but-empty is an error, not a default."""
+    raw = environ.get(name)
+    if raw is None:
+        return None
+    if not raw.strip():
+        raise LaunchError(f"{name} is set but empty; give it a value or unset it", name, raw)
+    return raw.strip()
+
+
+def scheduler_job_id(environ: Mapping[str, str]) -> Optional[str]:
+    """The batch scheduler's job id, whichever scheduler this is (None outside any)."""
+    for name in JOB_ID_VARIABLES:
+        value = environ.get(name, "").strip()
+        if value:
+            return value
+    return None
+
+
+def check_index(launcher: str, name: str, value: int, size_name: str, size: int) -> None:
+    """`value` (read from `name`) must be a valid index into `size`; say which variables disagree."""
+    if value >= size:
+        raise LaunchError(
+            f"{launcher}: {name}={value} but {size_name}={size}, so {name} must be below {size}. The variables "
+            "contradict each other: relaunch, or unset stale ones inherited from an outer job.",
+            name,
+            str(value),
+        )

@@ -1,0 +1,42 @@
+"""Flux: the job shell exports rank, local id, job size and node count, but no per-node task count."""
+
+from __future__ import annotations
+
+from typing import Mapping, Optional
+
+from ..distenv import DistEnv
+from ..envvars import check_index, require_count
+from ..errors import LaunchError
+from .mpi import rank_env
+
+
+def read(environ: Mapping[str, str]) -> Optional[DistEnv]:
+    if "FLUX_TASK_RANK" not in environ:
+        return None
+    world_size = require_count(environ, "FLUX_JOB_SIZE", "flux", minimum=1)
+    num_nodes = require_count(environ, "FLUX_JOB_NNODES", "flux", minimum=1)
+    rank = require_count(environ, "FLUX_TASK_RANK", "flux")
+    local_rank = require_count(environ, "FLUX_TASK_LOCAL_ID", "flux")
+    check_index("flux", "FLUX_TASK_RANK", rank, "FLUX_JOB_SIZE", world_size)
+    check_index("flux", "FLUX_JOB_NNODES", num_nodes - 1, "FLUX_JOB_SIZE", world_size)
+    if world_size % num_nodes:
+        # Flux does not say how an uneven job was spread, and a guess would bind the wrong device.
+        raise LaunchError(
+            f"flux: FLUX_JOB_SIZE={world_size} tasks on FLUX_JOB_NNODES={num_nodes} nodes is an uneven layout, "
+            "and Flux does not export the number of tasks on each node. Use a task count that divides evenly "
+            "(e.g. `flux run -N2 --tasks-per-node=4`).",
+            "FLUX_JOB_SIZE",
+            str(world_size),
+        )
+    per_node = world_size // num_nodes
+    check_index("flux", "FLUX_TASK_LOCAL_ID", local_rank, "tasks per node", per_node)
+    return rank_env(
+        environ,
+        launcher="flux",
+        rank=rank,
+        local_rank=local_rank,
+        world_size=world_size,
+        local_world_size=per_node,
+        node_rank=rank // per_node,  # Flux places tasks on nodes in rank order
+        num_nodes=num_nodes,
+    )

@@ -1,0 +1,116 @@
+"""MPI launchers that export rank variables: Open MPI, MVAPICH2, Cray PALS, LSF jsrun and PMI (MPICH/Hydra).
+
+They differ only in the variable names, so each is one row of `RankVariables`. None of them exports a node
+index, so across several nodes `node_rank`, `num_nodes` and the master address stay None until `init()`
+learns them over MPI itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Optional, Tuple
+
+from ..distenv import DistEnv
+from ..envvars import check_index, read_count, read_text, require_count, scheduler_job_id
+
+LOOPBACK = "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class RankVariables:
+    """The variable names one MPI launcher uses."""
+
+    launcher: str
+    rank: str
+    size: str
+    local_rank: str
+    local_size: str
+    node_rank: Optional[str] = None
+
+
+OPENMPI = RankVariables(
+    "openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"
+)
+MVAPICH = RankVariables(
+    "mvapich", "MV2_COMM_WORLD_RANK", "MV2_COMM_WORLD_SIZE", "MV2_COMM_WORLD_LOCAL_RANK", "MV2_COMM_WORLD_LOCAL_SIZE"
+)
+PALS = RankVariables("pals", "PALS_RANKID", "PMI_SIZE", "PALS_LOCAL_RANKID", "PALS_LOCAL_SIZE", node_rank="PALS_NODEID")
+JSRUN = RankVariables(
+    "jsrun", "JSM_NAMESPACE_RANK", "JSM_NAMESPACE_SIZE", "JSM_NAMESPACE_LOCAL_RANK", "JSM_NAMESPACE_LOCAL_SIZE"
+)
+PMI = RankVariables("pmi", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS")
+
+# Most specific first: PALS and MVAPICH2 (under Hydra) also set PMI_RANK/PMI_SIZE.
+SPECS: Tuple[RankVariables, ...] = (OPENMPI, MVAPICH, PALS, JSRUN, PMI)
+
+
+def read(spec: RankVariables, environ: Mapping[str, str]) -> Optional[DistEnv]:
+    """The topology under one MPI launcher; None when its rank variable is absent."""
+    if spec.rank not in environ:
+        return None
+    name = spec.launcher
+    world_size = require_count(environ, spec.size, name, minimum=1)
+    rank = require_count(environ, spec.rank, name)
+    check_index(name, spec.rank, rank, spec.size, world_size)
+    if spec.local_rank not in environ and spec.local_size not in environ and world_size == 1:
+        local_rank, local_world_size = 0, 1
+    else:
+        unknown = "this process's place on its node is unknown"
+        local_world_size = require_count(environ, spec.local_size, name, minimum=1, why=unknown)
+        local_rank = require_count(environ, spec.local_rank, name, why=unknown)
+    check_index(name, spec.local_rank, local_rank, spec.local_size, local_world_size)
+    check_index(name, spec.local_size, local_world_size - 1, spec.size, world_size)
+    return rank_env(
+        environ,
+        launcher=name,
+        rank=rank,
+        local_rank=local_rank,
+        world_size=world_size,
+        local_world_size=local_world_size,
+        node_rank=read_count(environ, spec.node_rank) if spec.node_rank else None,
+    )
+
+
+def read_any(environ: Mapping[str, str], *, complete_only: bool = False) -> Optional[DistEnv]:
+    """The first MPI launcher whose variables are present.
+
+    With `complete_only`, launchers whose local-rank variable is missing are passed over: inside an srun
+    step, a bare PMI_RANK/PMI_SIZE is srun's own PMI (``--mpi=pmi2``), not another launcher.
+    """
+    for spec in SPECS:
+        if complete_only and spec.local_rank not in environ:
+            continue
+        env = read(spec, environ)
+        if env is not None:
+            return env
+    return None
+
+
+def rank_env(
+    environ: Mapping[str, str],
+    *,
+    launcher: str,
+    rank: int,
+    local_rank: int,
+    world_size: int,
+    local_world_size: int,
+    node_rank: Optional[int] = None,
+    num_nodes: Optional[int] = None,
+) -> DistEnv:
+    """A DistEnv for a launcher without a nodelist: one node is loopback, several are resolved at init."""
+    single_node = local_world_size == world_size
+    if single_node:
+        node_rank, num_nodes = 0, 1
+    return DistEnv(
+        launcher=launcher,
+        rank=rank,
+        local_rank=local_rank,
+        world_size=world_size,
+        local_world_size=local_world_size,
+        node_rank=node_rank,
+        num_nodes=num_nodes,
+        master_addr=read_text(environ, "MASTER_ADDR") or (LOOPBACK if single_node else None),
+        master_port=read_count(environ, "MASTER_PORT", minimum=1),
+        job_id=scheduler_job_id(environ),
+    )
+

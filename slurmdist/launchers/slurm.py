@@ -1,0 +1,201 @@
+"""Slurm: an srun step, and the two places that are not one (the batch script and the salloc shell).
+
+Only a real srun step has ``SLURM_STEP_ID``: the batch script has ``SLURM_PROCID=0`` and the whole job's
+task count but runs once, and the salloc shell has neither. Per-step variables (``SLURM_STEP_*``) are the
+truth for the step; the job-level ones describe the allocation and may differ (``srun -n3`` in a
+``--ntasks-per-node=2`` job still sees ``SLURM_NTASKS_PER_NODE=2``).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Mapping, Optional, Tuple
+
+from .. import hostlist
+from ..distenv import DistEnv
+from ..envvars import (
+    check_index,
+    first_count,
+    parse_tasks_per_node,
+    read_count,
+    read_text,
+    require_count,
+)
+from ..errors import HostlistError, LaunchError
+from ..ports import step_port
+
+logger = logging.getLogger("slurmdist")
+
+STEP_ID_VARIABLES = ("SLURM_STEP_ID", "SLURM_STEPID")
+JOB_ID_VARIABLES = ("SLURM_JOB_ID", "SLURM_JOBID")
+# Step ids of things that are not srun task steps: names, and slurm.h's numeric SLURM_*_SCRIPT/STEP values.
+NON_TASK_STEPS = frozenset(
+    {"batch", "extern", "interactive", "pending", "4294967290", "4294967291", "4294967293", "4294967294"}
+)
+WORLD_VARIABLES = ("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS")
+NODES_VARIABLES = ("SLURM_STEP_NUM_NODES", "SLURM_NNODES", "SLURM_JOB_NUM_NODES")
+LAYOUT_VARIABLES = ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE")
+NODELIST_VARIABLES = ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
+
+
+def step_id(environ: Mapping[str, str]) -> Optional[str]:
+    """The srun step id, or None outside a task step (batch script, salloc shell, extern step)."""
+    for name in STEP_ID_VARIABLES:
+        value = environ.get(name)
+        if value is not None:
+            value = value.strip()
+            return None if value in NON_TASK_STEPS or not value else value
+    return None
+
+
+def job_id(environ: Mapping[str, str]) -> Optional[str]:
+    for name in JOB_ID_VARIABLES:
+        value = read_text(environ, name)
+        if value is not None:
+            return value
+    return None
+
+
+def read_step(environ: Mapping[str, str]) -> Optional[DistEnv]:
+    """The topology of a task in an srun step; None outside one."""
+    step = step_id(environ)
+    if step is None:
+        return None
+    rank = require_count(environ, "SLURM_PROCID", "srun")
+    local_rank = require_count(environ, "SLURM_LOCALID", "srun")
+    node_rank = require_count(environ, "SLURM_NODEID", "srun")
+    world_name, world_size = _first_required(environ, WORLD_VARIABLES)
+    nodes_name, num_nodes = _first_required(environ, NODES_VARIABLES)
+    layout_name, layout = _tasks_per_node(environ)
+
+    if len(layout) != num_nodes:
+        raise LaunchError(
+            f"srun: {layout_name}={environ[layout_name]!r} lists {len(layout)} nodes but {nodes_name}={num_nodes}; "
+            "the step variables contradict each other (stale variables from an outer job?)",
+            layout_name,
+            environ[layout_name],
+        )
+    if sum(layout) != world_size:
+        raise LaunchError(
+            f"srun: {layout_name}={environ[layout_name]!r} adds up to {sum(layout)} tasks but "
+            f"{world_name}={world_size}; the step variables contradict each other",
+            layout_name,
+            environ[layout_name],
+        )
+    check_index("srun", "SLURM_PROCID", rank, world_name, world_size)
+    check_index("srun", "SLURM_NODEID", node_rank, nodes_name, num_nodes)
+    local_world_size = layout[node_rank]
+    check_index("srun", "SLURM_LOCALID", local_rank, f"{layout_name}[node {node_rank}]", local_world_size)
+
+    job = job_id(environ)
+    master_addr = read_text(environ, "MASTER_ADDR") or _first_host(environ, num_nodes)
+    master_port = read_count(environ, "MASTER_PORT", minimum=1)
+    if master_port is None:
+        master_port = step_port(job or "0", step)
+    return DistEnv(
+        launcher="slurm",
+        rank=rank,
+        local_rank=local_rank,
+        world_size=world_size,
+        local_world_size=local_world_size,
+        node_rank=node_rank,
+        num_nodes=num_nodes,
+        master_addr=master_addr,
+        master_port=master_port,
+        job_id=job,
+    )
+
+
+def check_outside_step(environ: Mapping[str, str]) -> Optional[str]:
+    """In a job but not in an srun step: fail fast in a multi-task batch script, warn in an salloc shell.
+
+    Returns the job id when this is a Slurm job at all (the caller then runs as a single process).
+    """
+    job = job_id(environ)
+    if job is None:
+        return None
+    tasks, source = _allocation_tasks(environ)
+    if tasks <= 1:
+        return job
+    # The batch script carries SLURM_PROCID=0 and no step id (or the "batch" one); an salloc shell or
+    # interactive step does not. Only the batch script is known to be one of several tasks that never started.
+    raw_step = next((environ[name].strip() for name in STEP_ID_VARIABLES if name in environ), "batch")
+    in_batch_script = "SLURM_PROCID" in environ and raw_step in ("batch", "4294967294")
+    if in_batch_script:
+        raise LaunchError(
+            f"This process is the batch script of Slurm job {job}, which asked for {tasks} tasks ({source}), "
+            "but the batch script runs only once, on the first node: the other tasks were never started and "
+            "the job would hang or waste their GPUs. Start the tasks with srun in the job script, e.g. "
+            "`srun python train.py ...` (or `srun slurmdist run -- python train.py ...`). "
+            "To run one process on purpose, submit with --ntasks=1.",
+            source.split("=")[0],
+            str(tasks),
+        )
+    logger.warning(
+        "slurmdist: inside Slurm job %s (%s) but not in an srun step: running as a single process. "
+        "Use `srun python ...` to start all %d tasks.",
+        job,
+        source,
+        tasks,
+    )
+    return job
+
+
+def _allocation_tasks(environ: Mapping[str, str]) -> Tuple[int, str]:
+    """How many tasks the job asked for, and the variable that says so."""
+    found = first_count(environ, ("SLURM_NTASKS", "SLURM_NPROCS"), minimum=1)
+    if found is not None:
+        return found[1], f"{found[0]}={found[1]}"
+    raw = environ.get("SLURM_TASKS_PER_NODE")
+    if raw is not None:
+        return sum(parse_tasks_per_node("SLURM_TASKS_PER_NODE", raw)), f"SLURM_TASKS_PER_NODE={raw}"
+    return 1, "no task count"
+
+
+def _first_required(environ: Mapping[str, str], names: Tuple[str, ...]) -> Tuple[str, int]:
+    found = first_count(environ, names, minimum=1)
+    if found is None:
+        raise LaunchError(
+            f"srun step detected (SLURM_STEP_ID is set) but none of {', '.join(names)} is; "
+            "the environment is incomplete: run under srun, or unset SLURM_STEP_ID",
+            names[0],
+        )
+    return found
+
+
+def _tasks_per_node(environ: Mapping[str, str]) -> Tuple[str, list]:
+    for name in LAYOUT_VARIABLES:
+        raw = environ.get(name)
+        if raw is not None:
+            return name, parse_tasks_per_node(name, raw)
+    raise LaunchError(
+        f"srun step detected but neither {' nor '.join(LAYOUT_VARIABLES)} is set, so the number of tasks on "
+        "this node is unknown; run under srun, or unset SLURM_STEP_ID",
+        LAYOUT_VARIABLES[0],
+    )
+
+
+def _first_host(environ: Mapping[str, str], num_nodes: int) -> str:
+    """First host of the step's nodelist, after checking the whole list parses (and matches the node count)."""
+    for name in NODELIST_VARIABLES:
+        raw = environ.get(name)
+        if raw is None:
+            continue
+        try:
+            hosts = hostlist.count(raw)
+            first = hostlist.first(raw)
+        except HostlistError as error:
+            raise LaunchError(f"{name}={raw!r} is not a valid Slurm hostlist: {error}", name, raw) from None
+        if name == "SLURM_STEP_NODELIST" and hosts != num_nodes:
+            raise LaunchError(
+                f"{name}={raw!r} names {hosts} hosts but the step has {num_nodes} nodes; "
+                "the step variables contradict each other",
+                name,
+                raw,
+            )
+        return first
+    raise LaunchError(
+        f"srun step detected but no nodelist ({', '.join(NODELIST_VARIABLES)}) is set, so the master host is "
+        "unknown; set MASTER_ADDR, or run under srun",
+        NODELIST_VARIABLES[0],
+    )

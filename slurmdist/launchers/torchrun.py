@@ -1,0 +1,47 @@
+"""torchrun / torchelastic (and hand-exported RANK, WORLD_SIZE, LOCAL_RANK)."""
+
+from __future__ import annotations
+
+from typing import Mapping, Optional
+
+from ..distenv import DistEnv
+from ..envvars import read_count, read_text, require_count, scheduler_job_id
+from ..errors import LaunchError
+
+_CORE = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+
+
+def present(environ: Mapping[str, str]) -> bool:
+    """torchrun sets TORCHELASTIC_RUN_ID; a hand-made env:// launch at least the three core variables."""
+    return "TORCHELASTIC_RUN_ID" in environ or all(name in environ for name in _CORE)
+
+
+def read(environ: Mapping[str, str]) -> Optional[DistEnv]:
+    if not present(environ):
+        return None
+    world_size = require_count(environ, "WORLD_SIZE", "torchrun", minimum=1)
+    rank = require_count(environ, "RANK", "torchrun")
+    local_rank = require_count(environ, "LOCAL_RANK", "torchrun")
+    local_world_size = read_count(environ, "LOCAL_WORLD_SIZE", minimum=1)
+    if local_world_size is None:
+        if world_size != 1:
+            raise LaunchError(
+                f"RANK/WORLD_SIZE/LOCAL_RANK are set (WORLD_SIZE={world_size}) but LOCAL_WORLD_SIZE is not, so "
+                "the number of processes on this node is unknown. Export LOCAL_WORLD_SIZE too (torchrun does), "
+                "or unset RANK/WORLD_SIZE/LOCAL_RANK and let slurmdist read the launcher's own variables.",
+                "LOCAL_WORLD_SIZE",
+            )
+        local_world_size = 1
+    return DistEnv(
+        launcher="torchrun",
+        rank=rank,
+        local_rank=local_rank,
+        world_size=world_size,
+        local_world_size=local_world_size,
+        node_rank=read_count(environ, "GROUP_RANK"),
+        num_nodes=read_count(environ, "GROUP_WORLD_SIZE", minimum=1),
+        master_addr=read_text(environ, "MASTER_ADDR"),
+        master_port=read_count(environ, "MASTER_PORT", minimum=1),
+        job_id=scheduler_job_id(environ) or environ.get("TORCHELASTIC_RUN_ID") or None,
+    )
+

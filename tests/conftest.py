@@ -1,0 +1,33 @@
+"""Shared test helpers: captured launcher environments live in tests/fixtures/<launcher>/<case>/*.env."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Dict, List
+
+import pytest
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def load_env(path: Path) -> Dict[str, str]:
+    """One captured process environment (`KEY=VALUE` lines)."""
+    env: Dict[str, str] = {}
+    for line in path.read_text().splitlines():
+        if line and not line.startswith("#"):
+            key, _, value = line.partition("=")
+            env[key] = value
+    return env
+
+
+def load_case(case: str) -> List[Dict[str, str]]:
+    """Every process of one captured launch, e.g. ``load_case("slurm/srun_N2_tpn2")``, in file-name order."""
+    paths = sorted((FIXTURES / case).glob("*.env"), key=lambda p: (len(p.name), p.name))
+    if not paths:
+        raise FileNotFoundError(f"no captured environments under {FIXTURES / case}")
+    return [load_env(path) for path in paths]
+
+
+@pytest.fixture
+def case():
+    return load_case

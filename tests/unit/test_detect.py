@@ -1,0 +1,272 @@
+"""detect() over real captured launcher environments, and hand-written ones for launchers not runnable here."""
+
+from __future__ import annotations
+
+import logging
+import types
+
+import pytest
+
+from slurmdist import DistEnv, LaunchError, detect
+from slurmdist.ports import PORT_MAX, PORT_MIN
+from tests.conftest import load_case
+
+SLURM_STEP_CASES = ["slurm/srun_N2_tpn2", "slurm/sbatch_N2_tpn2_srun", "slurm/srun_gpus_per_node2"]
+
+
+def detect_all(case: str):
+    return [(environ, detect(types.MappingProxyType(environ))) for environ in load_case(case)]
+
+
+@pytest.mark.parametrize("case", SLURM_STEP_CASES)
+def test_srun_step_tasks_read_their_slurm_ids(case):
+    results = detect_all(case)
+    assert sorted(env.rank for _, env in results) == list(range(len(results)))
+    for environ, env in results:
+        assert env.launcher == "slurm"
+        assert env.rank == int(environ["SLURM_PROCID"])
+        assert env.local_rank == int(environ["SLURM_LOCALID"])
+        assert env.node_rank == int(environ["SLURM_NODEID"])
+        assert env.world_size == int(environ["SLURM_STEP_NUM_TASKS"]) == 4
+        assert env.num_nodes == 2
+        assert env.local_world_size == 2
+        assert env.master_addr == "node1"
+        assert env.job_id == environ["SLURM_JOB_ID"]
+
+
+@pytest.mark.parametrize("case", SLURM_STEP_CASES)
+def test_every_task_of_a_step_derives_the_same_port_below_the_ephemeral_range(case):
+    ports = {env.master_port for _, env in detect_all(case)}
+    assert len(ports) == 1
+    assert PORT_MIN <= ports.pop() <= PORT_MAX
+
+
+def test_two_steps_of_one_job_and_two_jobs_get_different_ports():
+    base = load_case("slurm/srun_N2_tpn2")[0]
+    ports = set()
+    for job in ("100", "101", "102"):
+        for step in ("0", "1", "2"):
+            ports.add(detect({**base, "SLURM_JOB_ID": job, "SLURM_STEP_ID": step}).master_port)
+    assert len(ports) == 9
+
+
+def test_explicit_master_wins_over_the_nodelist():
+    base = load_case("slurm/srun_N2_tpn2")[0]
+    env = detect({**base, "MASTER_ADDR": "10.0.0.5", "MASTER_PORT": "23456"})
+    assert (env.master_addr, env.master_port) == ("10.0.0.5", 23456)
+
+
+def test_uneven_step_layout_gives_each_node_its_own_task_count():
+    base = load_case("slurm/srun_N2_tpn2")[0]
+    uneven = {**base, "SLURM_STEP_NUM_TASKS": "3", "SLURM_STEP_TASKS_PER_NODE": "2,1", "SLURM_NTASKS": "3"}
+    on_node1 = detect({**uneven, "SLURM_PROCID": "2", "SLURM_LOCALID": "0", "SLURM_NODEID": "1"})
+    on_node0 = detect({**uneven, "SLURM_PROCID": "1", "SLURM_LOCALID": "1", "SLURM_NODEID": "0"})
+    assert (on_node0.local_world_size, on_node1.local_world_size) == (2, 1)
+    assert on_node1.world_size == 3
+
+
+def test_step_variables_win_over_job_level_ones():
+    base = load_case("slurm/srun_N2_tpn2")[0]
+    # srun -n2 -N1 inside a 4-task, 2-node job: the job-level variables still describe the job.
+    env = detect({**base, "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_NUM_NODES": "1",
+                  "SLURM_STEP_TASKS_PER_NODE": "2", "SLURM_STEP_NODELIST": "node2", "SLURM_PROCID": "1",
+                  "SLURM_LOCALID": "1", "SLURM_NODEID": "0"})
+    assert (env.world_size, env.num_nodes, env.local_world_size, env.master_addr) == (2, 1, 2, "node2")
+
+
+def test_sbatch_batch_script_with_several_tasks_fails_fast_with_an_srun_hint():
+    (environ,) = load_case("slurm/sbatch_N2_tpn2_batchstep")
+    with pytest.raises(LaunchError) as raised:
+        detect(environ)
+    message = str(raised.value)
+    assert "srun" in message and "SLURM_NTASKS=4" in message and environ["SLURM_JOB_ID"] in message
+
+
+def test_sbatch_batch_script_with_one_task_is_a_single_process():
+    (environ,) = load_case("slurm/sbatch_N2_tpn2_batchstep")
+    one_task = {**environ, "SLURM_NTASKS": "1", "SLURM_NPROCS": "1", "SLURM_TASKS_PER_NODE": "1",
+                "SLURM_JOB_NUM_NODES": "1", "SLURM_NNODES": "1", "SLURM_JOB_NODELIST": "node1"}
+    env = detect(one_task)
+    assert (env.launcher, env.rank, env.world_size, env.job_id) == ("single", 0, 1, environ["SLURM_JOB_ID"])
+
+
+def test_salloc_shell_runs_as_one_process_and_warns_that_srun_is_needed(caplog):
+    (environ,) = load_case("slurm/salloc_N2_tpn2_shell")
+    with caplog.at_level(logging.WARNING, logger="slurmdist"):
+        env = detect(environ)
+    assert (env.launcher, env.world_size, env.master_addr) == ("single", 1, "127.0.0.1")
+    assert "srun" in caplog.text
+
+
+def test_openmpi_ranks_keep_openmpis_own_local_rank_order():
+    for environ, env in detect_all("mpi/openmpi_np4"):
+        assert env.launcher == "openmpi"
+        assert env.rank == int(environ["OMPI_COMM_WORLD_RANK"])
+        assert env.local_rank == int(environ["OMPI_COMM_WORLD_LOCAL_RANK"])
+        assert (env.world_size, env.local_world_size, env.node_rank, env.num_nodes) == (4, 4, 0, 1)
+        assert env.master_addr == "127.0.0.1"
+
+
+def test_mpich_hydra_is_read_through_pmi_variables():
+    for environ, env in detect_all("mpi/mpich_np4"):
+        assert env.launcher == "pmi"
+        assert (env.rank, env.local_rank) == (int(environ["PMI_RANK"]), int(environ["MPI_LOCALRANKID"]))
+        assert (env.world_size, env.local_world_size, env.master_addr) == (4, 4, "127.0.0.1")
+
+
+def test_torchrun_variables_are_taken_as_they_are():
+    (environ,) = load_case("torchrun/standalone_np4")
+    env = detect(environ)
+    assert env.launcher == "torchrun"
+    assert (env.rank, env.local_rank, env.world_size, env.local_world_size) == (1, 1, 4, 4)
+    assert (env.node_rank, env.num_nodes) == (0, 1)
+    assert (env.master_addr, env.master_port) == ("localhost", 44343)
+
+
+def test_torchrun_inside_srun_wins_over_the_step():
+    (torchrun_env,) = load_case("torchrun/standalone_np4")
+    srun_task = load_case("slurm/srun_N2_tpn2")[3]
+    env = detect({**srun_task, **torchrun_env})
+    assert env.launcher == "torchrun" and env.world_size == 4 and env.job_id == srun_task["SLURM_JOB_ID"]
+
+
+def test_mpirun_inside_an_allocation_is_read_from_mpi_variables_not_the_daemon_step():
+    daemon_step = load_case("slurm/srun_N2_tpn2")[0]
+    daemon_step = {**daemon_step, "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_TASKS_PER_NODE": "1(x2)",
+                   "SLURM_NTASKS": "2", "SLURM_LOCALID": "0"}
+    rank = load_case("mpi/openmpi_np4")[2]
+    env = detect({**daemon_step, **rank, "OMPI_COMM_WORLD_SIZE": "8"})
+    assert (env.launcher, env.rank, env.world_size) == ("openmpi", 2, 8)
+
+
+def test_srun_with_pmi2_is_still_slurm():
+    task = load_case("slurm/srun_N2_tpn2")[2]
+    env = detect({**task, "PMI_RANK": task["SLURM_PROCID"], "PMI_SIZE": "4", "PMI_FD": "7"})
+    assert env.launcher == "slurm" and env.rank == 2
+
+
+def test_submitit_local_executor_wins_over_an_outer_allocation():
+    outer = load_case("slurm/srun_N2_tpn2")[0]
+    local = {"SUBMITIT_EXECUTOR": "local", "SUBMITIT_LOCAL_NTASKS": "3", "SUBMITIT_LOCAL_GLOBALID": "2",
+             "SUBMITIT_LOCAL_LOCALID": "2", "SUBMITIT_LOCAL_JOB_ID": "4242", "SUBMITIT_LOCAL_NODEID": "0",
+             "SUBMITIT_LOCAL_JOB_NUM_NODES": "1"}
+    env = detect({**outer, **local})
+    assert (env.launcher, env.rank, env.world_size, env.master_addr) == ("submitit-local", 2, 3, "127.0.0.1")
+    assert env.job_id == "4242" and PORT_MIN <= env.master_port <= PORT_MAX
+
+
+HAND_WRITTEN = {
+    "pals": ({"PALS_RANKID": "5", "PALS_LOCAL_RANKID": "1", "PALS_LOCAL_SIZE": "4", "PMI_SIZE": "8",
+              "PMI_RANK": "5", "PALS_NODEID": "1", "PALS_APID": "abc"}, (5, 1, 8, 4, 1, None)),
+    "flux": ({"FLUX_TASK_RANK": "5", "FLUX_TASK_LOCAL_ID": "1", "FLUX_JOB_SIZE": "8", "FLUX_JOB_NNODES": "2",
+              "FLUX_JOB_ID": "f2"}, (5, 1, 8, 4, 1, 2)),
+    "jsrun": ({"JSM_NAMESPACE_RANK": "6", "JSM_NAMESPACE_LOCAL_RANK": "0", "JSM_NAMESPACE_SIZE": "12",
+               "JSM_NAMESPACE_LOCAL_SIZE": "6", "LSB_JOBID": "77"}, (6, 0, 12, 6, None, None)),
+    "mvapich": ({"MV2_COMM_WORLD_RANK": "3", "MV2_COMM_WORLD_LOCAL_RANK": "1", "MV2_COMM_WORLD_SIZE": "4",
+                 "MV2_COMM_WORLD_LOCAL_SIZE": "2", "PMI_RANK": "3", "PMI_SIZE": "4"}, (3, 1, 4, 2, None, None)),
+}
+
+
+@pytest.mark.parametrize("launcher", sorted(HAND_WRITTEN))
+def test_launchers_not_runnable_here(launcher):
+    environ, expected = HAND_WRITTEN[launcher]
+    env = detect(environ)
+    assert env.launcher == launcher
+    assert (env.rank, env.local_rank, env.world_size, env.local_world_size, env.node_rank, env.num_nodes) == expected
+    assert env.master_addr is None  # several nodes: resolved over MPI at init
+
+
+def test_mpi_on_one_node_uses_loopback():
+    env = detect({"JSM_NAMESPACE_RANK": "1", "JSM_NAMESPACE_LOCAL_RANK": "1", "JSM_NAMESPACE_SIZE": "2",
+                  "JSM_NAMESPACE_LOCAL_SIZE": "2"})
+    assert (env.master_addr, env.node_rank, env.num_nodes) == ("127.0.0.1", 0, 1)
+
+
+def test_uneven_flux_layout_is_refused_rather_than_guessed():
+    with pytest.raises(LaunchError, match="FLUX_JOB_NNODES=2"):
+        detect({"FLUX_TASK_RANK": "0", "FLUX_TASK_LOCAL_ID": "0", "FLUX_JOB_SIZE": "3", "FLUX_JOB_NNODES": "2"})
+
+
+def test_nothing_is_a_single_process():
+    env = detect({})
+    assert env == DistEnv("single", 0, 0, 1, 1, 0, 1, "127.0.0.1", None, None)
+    assert env.is_main
+
+
+def test_default_environ_is_os_environ(monkeypatch):
+    for name in list(__import__("os").environ):
+        if name.startswith(("SLURM_", "OMPI_", "PMI_", "RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC")):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("SLURMDIST_LAUNCHER", "torchrun")
+    for name, value in {"RANK": "2", "WORLD_SIZE": "3", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}.items():
+        monkeypatch.setenv(name, value)
+    assert detect().rank == 2
+
+
+def test_forcing_a_launcher_by_name():
+    task = load_case("slurm/srun_N2_tpn2")[1]
+    (torchrun_env,) = load_case("torchrun/standalone_np4")
+    env = detect({**task, **torchrun_env, "SLURMDIST_LAUNCHER": "slurm"})
+    assert env.launcher == "slurm" and env.rank == 1
+    with pytest.raises(LaunchError, match="SLURMDIST_LAUNCHER='openmpi'"):
+        detect({**task, "SLURMDIST_LAUNCHER": "openmpi"})
+    with pytest.raises(LaunchError, match="not a launcher"):
+        detect({"SLURMDIST_LAUNCHER": "pbs"})
+
+
+STEP = load_case("slurm/srun_N2_tpn2")[3]
+CONTRADICTIONS = [
+    ({"SLURM_PROCID": "4"}, "SLURM_PROCID"),
+    ({"SLURM_PROCID": ""}, "SLURM_PROCID"),
+    ({"SLURM_PROCID": "-1"}, "SLURM_PROCID"),
+    ({"SLURM_PROCID": "three"}, "SLURM_PROCID"),
+    ({"SLURM_PROCID": "99999999999999999999"}, "SLURM_PROCID"),
+    ({"SLURM_LOCALID": "2"}, "SLURM_LOCALID"),
+    ({"SLURM_NODEID": "2"}, "SLURM_NODEID"),
+    ({"SLURM_STEP_NUM_TASKS": "5"}, "SLURM_STEP_TASKS_PER_NODE"),
+    ({"SLURM_STEP_NUM_TASKS": "0"}, "SLURM_STEP_NUM_TASKS"),
+    ({"SLURM_STEP_TASKS_PER_NODE": "2(x3)"}, "SLURM_STEP_TASKS_PER_NODE"),
+    ({"SLURM_STEP_TASKS_PER_NODE": "2(x2"}, "SLURM_STEP_TASKS_PER_NODE"),
+    ({"SLURM_STEP_TASKS_PER_NODE": "two"}, "SLURM_STEP_TASKS_PER_NODE"),
+    ({"SLURM_STEP_NODELIST": "node[2-1]"}, "SLURM_STEP_NODELIST"),
+    ({"SLURM_STEP_NODELIST": "node[1-3]"}, "SLURM_STEP_NODELIST"),
+    ({"MASTER_PORT": "70000"}, "port"),
+    ({"MASTER_ADDR": " "}, "MASTER_ADDR"),
+]
+
+
+@pytest.mark.parametrize("changes,variable", CONTRADICTIONS, ids=[str(c) for c, _ in CONTRADICTIONS])
+def test_malformed_or_contradictory_slurm_values_name_the_variable(changes, variable):
+    with pytest.raises(LaunchError) as raised:
+        detect({**STEP, **changes})
+    assert variable in str(raised.value)
+
+
+@pytest.mark.parametrize("changes,variable", [
+    ({"OMPI_COMM_WORLD_RANK": "4"}, "OMPI_COMM_WORLD_RANK"),
+    ({"OMPI_COMM_WORLD_LOCAL_RANK": "x"}, "OMPI_COMM_WORLD_LOCAL_RANK"),
+    ({"OMPI_COMM_WORLD_LOCAL_SIZE": "5"}, "OMPI_COMM_WORLD_LOCAL_SIZE"),
+    ({"OMPI_COMM_WORLD_SIZE": ""}, "OMPI_COMM_WORLD_SIZE"),
+])
+def test_malformed_openmpi_values_name_the_variable(changes, variable):
+    rank = load_case("mpi/openmpi_np4")[0]
+    with pytest.raises(LaunchError, match=variable):
+        detect({**rank, **changes})
+
+
+def test_torchrun_without_local_world_size_asks_for_it():
+    with pytest.raises(LaunchError, match="LOCAL_WORLD_SIZE"):
+        detect({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0"})
+
+
+def test_pmi_without_local_rank_asks_for_the_launcher():
+    with pytest.raises(LaunchError, match="MPI_LOCALNRANKS"):
+        detect({"PMI_RANK": "0", "PMI_SIZE": "2"})
+
+
+def test_detect_never_changes_its_input():
+    for case in [*SLURM_STEP_CASES, "mpi/openmpi_np4", "slurm/salloc_N2_tpn2_shell"]:
+        for environ in load_case(case):
+            before = dict(environ)
+            detect(environ)
+            assert environ == before
