@@ -1,0 +1,100 @@
+"""The `slurmdist` command line: output formats, `run`, and exit status 2 on errors (never a traceback)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from slurmdist import detect
+from slurmdist.exporting import torchrun_variables
+from tests.conftest import load_case
+
+LAUNCHER_PREFIXES = ("SLURM", "OMPI_", "PMI", "MPI_LOCAL", "RANK", "WORLD_SIZE", "LOCAL_", "MASTER_", "TORCHELASTIC",
+                     "SUBMITIT", "FLUX_", "JSM_", "PALS_", "MV2_", "GROUP_")
+
+
+def clean_environ(**extra: str) -> dict:
+    """This process's environment without any launcher variables (the test may itself run under one)."""
+    import os
+
+    base = {k: v for k, v in os.environ.items() if not k.startswith(LAUNCHER_PREFIXES)}
+    return {**base, **extra}
+
+
+def slurmdist(*args: str, environ: dict, timeout: float = 30) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "slurmdist", *args], env=environ, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_env_shell_format_evaluates_to_torchruns_variables():
+    task = load_case("slurm/srun_N2_tpn2")[2]
+    script = 'eval "$(python -m slurmdist env --format shell)" && env'
+    result = subprocess.run(["bash", "-c", script.replace("python", sys.executable)],
+                            env=clean_environ(**task), capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0, result.stderr
+    exported = dict(line.split("=", 1) for line in result.stdout.splitlines() if "=" in line)
+    expected = torchrun_variables(detect(task))
+    assert {name: exported[name] for name in expected} == expected
+    assert expected["RANK"] == task["SLURM_PROCID"] and expected["MASTER_ADDR"] == "node1"
+
+
+def test_env_json_and_text_formats():
+    task = load_case("slurm/srun_N2_tpn2")[1]
+    result = slurmdist("env", "--format", "json", environ=clean_environ(**task))
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == detect(task).as_dict()
+    text = slurmdist("env", environ=clean_environ(**task)).stdout
+    assert "launcher" in text and "slurm" in text and "node1" in text
+
+
+def test_errors_exit_2_with_the_variable_named_and_no_traceback():
+    (batch,) = load_case("slurm/sbatch_N2_tpn2_batchstep")
+    result = slurmdist("env", environ=clean_environ(**batch))
+    assert result.returncode == 2
+    assert "srun" in result.stderr and "Traceback" not in result.stderr
+    result = slurmdist("env", environ=clean_environ(SLURM_JOB_ID="1", SLURM_STEP_ID="0", SLURM_PROCID="x"))
+    assert result.returncode == 2 and "SLURM_PROCID='x'" in result.stderr
+
+
+@pytest.mark.parametrize("args", [[], ["env", "--format", "yaml"], ["bogus"], ["run"], ["hostlist", "expand"],
+                                  ["hostlist", "expand", "n[3-1]"], ["hostlist", "sideways", "n1"]])
+def test_nonsense_arguments_exit_2_with_usage_not_a_traceback(args):
+    result = slurmdist(*args, environ=clean_environ())
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr and result.stderr.strip()
+
+
+def test_run_execs_the_command_with_torchruns_variables():
+    task = load_case("slurm/srun_N2_tpn2")[3]
+    probe = "import os, json; print(json.dumps({k: os.environ[k] for k in ('RANK', 'LOCAL_RANK', 'WORLD_SIZE', " \
+            "'LOCAL_WORLD_SIZE', 'MASTER_ADDR', 'MASTER_PORT')}))"
+    result = slurmdist("run", "--", sys.executable, "-c", probe, environ=clean_environ(**task))
+    assert result.returncode == 0, result.stderr
+    seen = json.loads(result.stdout)
+    env = detect(task)
+    assert seen == {"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2",
+                    "MASTER_ADDR": "node1", "MASTER_PORT": str(env.master_port)}
+
+
+def test_run_reports_a_missing_command():
+    task = load_case("slurm/srun_N2_tpn2")[0]
+    result = slurmdist("run", "--", "no-such-command-xyz", environ=clean_environ(**task))
+    assert result.returncode == 127 and "no-such-command-xyz" in result.stderr
+
+
+def test_hostlist_subcommand():
+    environ = clean_environ()
+    assert slurmdist("hostlist", "expand", "n[1-3]", environ=environ).stdout.split() == ["n1", "n2", "n3"]
+    assert slurmdist("hostlist", "first", "n[07-09],m1", environ=environ).stdout.strip() == "n07"
+    assert slurmdist("hostlist", "count", "n[1-100]", environ=environ).stdout.strip() == "100"
+    assert slurmdist("hostlist", "compress", "n1,n2,n3", environ=environ).stdout.strip() == "n[1-3]"
+
+
+def test_import_slurmdist_imports_no_heavy_modules():
+    code = ("import sys, slurmdist; slurmdist.detect({}); "
+            "heavy = [m for m in ('torch', 'mpi4py', 'submitit', 'numpy') if m in sys.modules]; print(heavy)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    assert result.stdout.strip() == "[]", result.stderr
