@@ -1,0 +1,532 @@
+"""Slurm hostlist expressions: ``expand``, ``compress``, ``first``, ``count``.
+
+Slurm hands every job its nodes as a compressed expression (``SLURM_JOB_NODELIST=gpu[01-16,20]``).
+The rendezvous needs the first host and the readers need the node count, so this module parses the
+grammar exactly as ``scontrol show hostnames`` does, in pure Python, without calling Slurm (which may not be
+installed where the job runs, e.g. inside a container).
+
+Grammar (checked against Slurm 22.05's scontrol):
+
+- items are separated by commas, spaces, tabs or newlines; empty items are ignored (``a,,b`` is ``a b``);
+- an item is a name with zero or more bracket groups ``[r1,r2,...]``; each range is ``N`` or ``LO-HI`` with
+  ASCII digits and ``LO <= HI``; numbers are zero-padded to the width of their lower bound as written
+  (``n[098-102]``, ``n[1,02,003]``, ``n[01-3]`` gives ``n01 n02 n03``, ``n[9-010]`` gives ``n9 n10``);
+- several groups expand as a cartesian product, the last group varying fastest (``a[1-2]b[3-4]`` gives
+  ``a1b3 a1b4 a2b3 a2b4``); text after the last group is kept (``gpu[1-2]-ib``: Slurm >= 23.02.5);
+- order and duplicates are kept.
+
+Where scontrol 22.05 accepts something that is almost certainly a typo, this module is stricter and raises
+:class:`HostlistError`: a ``]`` outside brackets (scontrol keeps ``n]`` as a host name), an unterminated
+``[`` (22.05 prints garbage, 23.02 rejects it), an empty upper bound ``n[1-]``, signs or spaces inside
+brackets (``n[+1]``, ``n[ 1]``: strtoul accepts them and miscounts the width), numbers above 2**64-1
+(Slurm silently saturates them) and host names longer than :data:`MAX_NAME_LENGTH`. It is more lenient in
+one place: Slurm refuses a single range of more than 65536 hosts; here only the total is capped (``limit``).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Dict, Iterable, Iterator, List, NoReturn, Optional, Tuple
+
+from slurmdist.errors import HostlistError
+
+__all__ = ["DEFAULT_LIMIT", "MAX_NAME_LENGTH", "compress", "count", "expand", "first"]
+
+#: Default cap on the number of hosts one expression may expand to (bounds memory).
+DEFAULT_LIMIT = 1 << 24
+#: Longest host name accepted (DNS names stop at 253); with ``limit`` it bounds expansion memory.
+MAX_NAME_LENGTH = 255
+#: Slurm keeps range bounds in an unsigned long and saturates anything larger.
+_MAX_NUMBER = (1 << 64) - 1
+_MAX_DIGITS = len(str(_MAX_NUMBER))
+
+_SEP = r"[, \t\n]"
+_PLAIN = r"[^, \t\n\[\]]"
+_ITEM = rf"{_PLAIN}*(?:\[[^\[\]]*\]{_PLAIN}*)*"
+# Unambiguous (items are non-empty and cannot start with a separator), so matching stays linear even when
+# it fails on a long input.
+_LIST_RE = re.compile(rf"{_SEP}*(?:(?={_PLAIN}|\[){_ITEM}(?:{_SEP}+(?={_PLAIN}|\[){_ITEM})*{_SEP}*)?")
+_ITEMS_RE = re.compile(rf"(?={_PLAIN}|\[){_ITEM}")
+_FIRST_RE = re.compile(rf"{_SEP}*((?={_PLAIN}|\[){_ITEM})(?:{_SEP}|\Z)")
+_SEPS_RE = re.compile(rf"{_SEP}+")
+_BRACKET_RE = re.compile(r"[\[\]]")
+_BODY_RE = re.compile(r"[0-9]+(?:-[0-9]+)?(?:,[0-9]+(?:-[0-9]+)?)*")
+_RANGE_RE = re.compile(r"([0-9]+)(?:-([0-9]+))?")
+_TRAILING_DIGITS_RE = re.compile(r"[0-9]*\Z")
+_AMBIGUOUS_RE = re.compile(r"[,\[\]\s]")
+
+_QUOTE_MAX = 160
+
+# (low, high, width): one range of a bracket group.
+Range = Tuple[int, int, int]
+
+
+# ---------------------------------------------------------------------------------------------- errors
+
+
+def _quote(text: str) -> str:
+    """The input as it appears in an error message, shortened so a 100k-node list does not flood a log."""
+    if len(text) <= _QUOTE_MAX:
+        return repr(text)
+    return f"{text[:_QUOTE_MAX // 2]!r}...{text[-_QUOTE_MAX // 4:]!r} ({len(text)} characters)"
+
+
+def _fail(text: str, pos: int, what: str) -> NoReturn:
+    """Raise a HostlistError quoting the input and pointing at the offending position."""
+    where = f"at position {pos}"
+    if len(text) > _QUOTE_MAX:
+        where += f" (near {text[max(0, pos - 20):pos + 20]!r})"
+    raise HostlistError(f"invalid Slurm hostlist {_quote(text)}: {what} {where}")
+
+
+def _diagnose_brackets(text: str) -> NoReturn:
+    """Explain why the bracket structure of ``text`` is wrong (called once the fast check failed)."""
+    opened: Optional[int] = None
+    for match in _BRACKET_RE.finditer(text):
+        pos = match.start()
+        if match.group() == "[":
+            if opened is not None:
+                _fail(text, pos, f"'[' inside the bracket opened at position {opened} (brackets do not nest)")
+            opened = pos
+        elif opened is None:
+            _fail(text, pos, "stray ']' with no matching '['")
+        else:
+            opened = None
+    if opened is not None:
+        _fail(text, opened, "unterminated '[' (missing ']')")
+    raise AssertionError(f"bracket structure of {text!r} looked wrong but is not")  # pragma: no cover
+
+
+def _diagnose_body(text: str, pos: int, body: str) -> NoReturn:
+    """Explain why the inside of a bracket group (starting at ``pos``) is not a list of ranges."""
+    for piece in body.split(","):
+        if not piece:
+            _fail(text, pos, "empty range inside brackets")
+        low, dash, high = piece.partition("-")
+        if not low:
+            _fail(text, pos, f"range {piece!r} has no lower bound")
+        if dash and not high:
+            _fail(text, pos, f"range {piece!r} has no upper bound")
+        if not _RANGE_RE.fullmatch(piece):
+            _fail(text, pos, f"range {piece!r} may contain only the digits 0-9 and one '-'")
+        pos += len(piece) + 1
+    raise AssertionError(f"bracket body {body!r} looked wrong but is not")  # pragma: no cover
+
+
+# ---------------------------------------------------------------------------------------------- parsing
+
+
+def _number(digits: str) -> Optional[int]:
+    """A bound as an int, None beyond Slurm's unsigned long (leading zeros stripped so int() stays linear)."""
+    significant = digits.lstrip("0")
+    if len(significant) > _MAX_DIGITS:
+        return None
+    value = int(significant or "0")
+    return None if value > _MAX_NUMBER else value
+
+
+def _range_pos(pos: int, body: str, index: int) -> int:
+    """Offset in the input of range number ``index`` of a bracket body starting at ``pos`` (error path)."""
+    return pos + sum(len(piece) + 1 for piece in body.split(",")[:index])
+
+
+def _parse_group(text: str, pos: int, body: str) -> Tuple[List[Range], int, int]:
+    """Ranges of one bracket group at ``pos``, how many numbers it yields and its widest number."""
+    if not _BODY_RE.fullmatch(body):
+        _diagnose_body(text, pos, body)
+    ranges: List[Range] = []
+    total = 0
+    widest = 0
+    for index, (low_digits, high_digits) in enumerate(_RANGE_RE.findall(body)):
+        width = len(low_digits)
+        if width > MAX_NAME_LENGTH:
+            _fail(text, _range_pos(pos, body, index), f"number is longer than {MAX_NAME_LENGTH} characters")
+        low = _number(low_digits)
+        high = _number(high_digits) if high_digits else low
+        if low is None or high is None:
+            too_big = low_digits if low is None else high_digits
+            _fail(text, _range_pos(pos, body, index), f"number {too_big[:40]!r} is larger than 2**64-1")
+        if high < low:
+            _fail(text, _range_pos(pos, body, index), f"descending range '{low_digits}-{high_digits}'")
+        ranges.append((low, high, width))
+        total += high - low + 1
+        widest = max(widest, width, len(str(high)))
+    return ranges, total, widest
+
+
+class _Item:
+    """One bracketed item: literal texts around its groups, the groups, and its host count."""
+
+    __slots__ = ("literals", "groups", "size")
+
+    def __init__(self, literals: List[str], groups: List[List[Range]], size: int) -> None:
+        self.literals = literals
+        self.groups = groups
+        self.size = size
+
+
+def _parse_item(text: str, start: int, item: str) -> _Item:
+    """Parse an item known to have balanced, unnested brackets; ``start`` is its offset in ``text``."""
+    parts = item.split("[")
+    literals = [parts[0]]
+    groups: List[List[Range]] = []
+    size = 1
+    length = len(parts[0])
+    pos = start + len(parts[0]) + 1
+    for part in parts[1:]:
+        body, _, literal = part.partition("]")
+        ranges, numbers, widest = _parse_group(text, pos, body)
+        groups.append(ranges)
+        literals.append(literal)
+        size *= numbers
+        length += widest + len(literal)
+        if length > MAX_NAME_LENGTH:
+            _fail(text, start, f"host names would be longer than {MAX_NAME_LENGTH} characters")
+        pos += len(part) + 1
+    return _Item(literals, groups, size)
+
+
+def _check_plain(text: str, start: int, name: str) -> None:
+    """A name without brackets is a host as is, unless it is absurdly long."""
+    if len(name) > MAX_NAME_LENGTH:
+        _fail(text, start, f"host name is longer than {MAX_NAME_LENGTH} characters")
+
+
+def _items(text: str) -> Iterator[Tuple[int, str]]:
+    """(offset, item) for every non-empty item, after checking the bracket structure of the whole text."""
+    if not _LIST_RE.fullmatch(text):
+        _diagnose_brackets(text)
+    for match in _ITEMS_RE.finditer(text):
+        yield match.start(), match.group()
+
+
+def _too_many(text: str, limit: int) -> NoReturn:
+    raise HostlistError(
+        f"Slurm hostlist {_quote(text)} expands to more than {limit} hosts; "
+        "pass a larger limit= if that many are really meant"
+    )
+
+
+# ---------------------------------------------------------------------------------------------- expansion
+
+
+def _numbers(low: int, high: int, width: int, before: str = "", after: str = "") -> List[str]:
+    """``before + zero-padded number + after`` for low..high.
+
+    Works per decade so that padding is a constant string: an f-string of an int is ~2x faster than any
+    per-number padding (format spec, zfill or %-formatting).
+    """
+    digits = len(str(low))
+    if digits == len(str(high)):
+        head = before + "0" * (width - digits)
+        return [f"{head}{i}{after}" for i in range(low, high + 1)]
+    out: List[str] = []
+    while low <= high:
+        stop = min(high, 10 ** digits - 1)
+        head = before + "0" * (width - digits) if width > digits else before
+        if after:
+            out += [f"{head}{i}{after}" for i in range(low, stop + 1)]
+        else:
+            out += [f"{head}{i}" for i in range(low, stop + 1)]
+        low = stop + 1
+        digits += 1
+    return out
+
+
+def _table(width: int, high: int) -> List[str]:
+    """Zero-padded numbers 0..high of one width, memoised: a slice of a ready list costs nothing per host.
+
+    Most nodelists are many short ranges of small numbers, where building each number again dominates.
+    Only numbers below _TABLE_LIMIT of widths up to _TABLE_WIDTH are kept, so the memo stays under a few MB.
+    """
+    table = _TABLES.get(width)
+    if table is None or len(table) <= high:
+        size = min(_TABLE_LIMIT, max(1024, 1 << high.bit_length()))
+        table = _TABLES[width] = [f"{i:0{width}d}" for i in range(size)]
+    return table
+
+
+def _padded(low: int, high: int, width: int) -> List[str]:
+    """The numbers low..high as Slurm prints them with a lower bound ``width`` digits wide."""
+    if high < _TABLE_LIMIT and width <= _TABLE_WIDTH:
+        return _table(width, high)[low:high + 1]
+    return _numbers(low, high, width)
+
+
+def _join_split(heads: List[str], numbers: List[str], after: str) -> List[str]:
+    """Every ``head + number + after``, head varying slowest.
+
+    Host names never contain commas, so the product is built as one string and split in C, which
+    allocates the strings faster than concatenating them one at a time.
+    """
+    tails = "," + (after + ",").join(numbers) + after
+    if len(heads) == 1:
+        return (heads[0] + tails[1:].replace(",", "," + heads[0])).split(",")
+    return "".join([tails.replace(",", "," + head) for head in heads])[1:].split(",")
+
+
+def _expand_item(item: _Item) -> List[str]:
+    """All hosts of one bracketed item, last group varying fastest (Slurm's order)."""
+    heads = [item.literals[0]]
+    for ranges, after in zip(item.groups, item.literals[1:]):
+        numbers: List[str] = []
+        for low, high, width in ranges:
+            numbers += _padded(low, high, width)
+        heads = _join_split(heads, numbers, after)
+    return heads
+
+
+# Bounds of at most this many digits fit an unsigned long, so the fast paths need no magnitude check.
+_SAFE_DIGITS = _MAX_DIGITS - 1
+# Longest name the fast paths can build is prefix + suffix + _SAFE_DIGITS.
+_SAFE_AFFIX = MAX_NAME_LENGTH - _SAFE_DIGITS
+# Memo of formatted numbers (see _table): numbers below the limit, widths up to _TABLE_WIDTH.
+_TABLE_LIMIT = 1 << 14
+_TABLE_WIDTH = 6
+_TABLES: Dict[int, List[str]] = {}
+
+
+def _fast_bounds(low_digits: str, high_digits: str) -> Optional[Tuple[int, int]]:
+    """(low, high) of an ordinary range, None when it needs the careful path."""
+    if len(low_digits) > _SAFE_DIGITS or len(high_digits) > _SAFE_DIGITS:
+        return None
+    low = int(low_digits)
+    high = int(high_digits) if high_digits else low
+    return None if high < low else (low, high)
+
+
+def _expand_one_group(prefix: str, body: str, after: str, left: int) -> Optional[List[str]]:
+    """Hosts of ``prefix[body]after`` in one pass, or None when the item needs the careful path.
+
+    The common nodelist shape; fusing parse and generation halves the per-range cost. Anything unusual
+    (bad syntax, long numbers, descending or oversized ranges) returns None so that ``_parse_item`` can
+    raise the precise error.
+    """
+    if len(prefix) + len(after) > _SAFE_AFFIX or not _BODY_RE.fullmatch(body):
+        return None
+    if "," not in body:
+        low_digits, _, high_digits = body.partition("-")
+        bounds = _fast_bounds(low_digits, high_digits)
+        if bounds is None or bounds[1] - bounds[0] >= left:
+            return None
+        return _numbers(bounds[0], bounds[1], len(low_digits), prefix, after)
+    numbers: List[str] = []
+    append = numbers.append
+    for piece in body.split(","):
+        low_digits, _, high_digits = piece.partition("-")
+        if len(low_digits) > _SAFE_DIGITS:
+            return None
+        if not high_digits:
+            append(low_digits)  # a single number is printed exactly as written
+            continue
+        if len(high_digits) > _SAFE_DIGITS:
+            return None
+        low = int(low_digits)
+        high = int(high_digits)
+        if high < low or high - low >= left - len(numbers):
+            return None
+        numbers += _padded(low, high, len(low_digits))
+    if len(numbers) > left:
+        return None
+    return _join_split([prefix], numbers, after)
+
+
+def _count_one_group(body: str) -> Optional[int]:
+    """Host count of one bracket group, or None when it needs the careful path (see _expand_one_group)."""
+    if not _BODY_RE.fullmatch(body):
+        return None
+    total = 0
+    for piece in body.split(","):
+        low_digits, _, high_digits = piece.partition("-")
+        bounds = _fast_bounds(low_digits, high_digits)
+        if bounds is None:
+            return None
+        total += bounds[1] - bounds[0] + 1
+    return total
+
+
+def _expand_plain(text: str, limit: int) -> List[str]:
+    """Fast path for a list without brackets: just split it."""
+    if " " in text or "\t" in text or "\n" in text:
+        parts = _SEPS_RE.split(text)
+    else:
+        parts = text.split(",")
+    hosts = [p for p in parts if p]
+    if len(hosts) > limit:
+        _too_many(text, limit)
+    if hosts and max(map(len, hosts)) > MAX_NAME_LENGTH:
+        name = next(h for h in hosts if len(h) > MAX_NAME_LENGTH)
+        _check_plain(text, text.find(name), name)
+    return hosts
+
+
+def expand(text: str, *, limit: int = DEFAULT_LIMIT) -> List[str]:
+    """Every host of a Slurm hostlist, in Slurm's order, duplicates kept (like ``scontrol show hostnames``).
+
+    Raises HostlistError for a malformed list or one with more than ``limit`` hosts; the count is checked
+    before any host is built, so a hostile list cannot exhaust memory.
+    """
+    if "[" not in text and "]" not in text:
+        return _expand_plain(text, limit)
+    hosts: List[str] = []
+    left = limit
+    for start, item in _items(text):
+        if "[" not in item:
+            _check_plain(text, start, item)
+            if left < 1:
+                _too_many(text, limit)
+            left -= 1
+            hosts.append(item)
+            continue
+        prefix, _, rest = item.partition("[")
+        body, _, after = rest.partition("]")
+        if "[" not in after:
+            fast = _expand_one_group(prefix, body, after, left)
+            if fast is not None:
+                left -= len(fast)
+                hosts += fast
+                continue
+        parsed = _parse_item(text, start, item)
+        if parsed.size > left:
+            _too_many(text, limit)
+        left -= parsed.size
+        hosts += _expand_item(parsed)
+    return hosts
+
+
+def count(text: str) -> int:
+    """How many hosts ``expand(text)`` gives, validating the whole list without building any host.
+
+    Cheap enough to check a job's nodelist against its node count; no ``limit`` since nothing is built.
+    """
+    if "[" not in text and "]" not in text:
+        total = 0
+        for match in _ITEMS_RE.finditer(text):
+            _check_plain(text, match.start(), match.group())
+            total += 1
+        return total
+    total = 0
+    for start, item in _items(text):
+        if "[" in item:
+            prefix, _, rest = item.partition("[")
+            body, _, after = rest.partition("]")
+            fast = None
+            if "[" not in after and len(prefix) + len(after) <= _SAFE_AFFIX:
+                fast = _count_one_group(body)
+            total += _parse_item(text, start, item).size if fast is None else fast
+        else:
+            _check_plain(text, start, item)
+            total += 1
+    return total
+
+
+def first(text: str) -> str:
+    """The first host of a hostlist without expanding it (the rendezvous host of a job).
+
+    Only the first item is read: its syntax is checked completely (brackets, digits, empty ranges) and the
+    range each bracket group starts with is checked for order and size; later ranges and items are not
+    looked at, so this stays in microseconds on a list of a thousand fragments.
+    """
+    match = _FIRST_RE.match(text)
+    if match is None:
+        if not text.strip(", \t\n"):
+            raise HostlistError(f"Slurm hostlist {_quote(text)} names no host")
+        # The scan stops at the first bracket error, which lies in or right after the first item.
+        _diagnose_brackets(text)
+    start, item = match.start(1), match.group(1)
+    if "[" not in item:
+        _check_plain(text, start, item)
+        return item
+    parts = item.split("[")
+    pieces = [parts[0]]
+    length = len(parts[0])
+    pos = start + len(parts[0]) + 1
+    for part in parts[1:]:
+        body, _, literal = part.partition("]")
+        if not _BODY_RE.fullmatch(body):
+            _diagnose_body(text, pos, body)
+        head = body.split(",", 1)[0]
+        _parse_group(text, pos, head)
+        pieces += (head.partition("-")[0], literal)
+        length += len(pieces[-2]) + len(literal)
+        if length > MAX_NAME_LENGTH:
+            _fail(text, start, f"host name is longer than {MAX_NAME_LENGTH} characters")
+        pos += len(part) + 1
+    return "".join(pieces)
+
+
+
+# ---------------------------------------------------------------------------------------------- compress
+
+
+def _split_name(name: str) -> Tuple[str, str]:
+    """(prefix, trailing digits) of a host name; digits are empty when Slurm could not range them."""
+    digits = _TRAILING_DIGITS_RE.search(name).group()  # type: ignore[union-attr]
+    if not digits or _number(digits) is None:
+        return name, ""
+    return name[: len(name) - len(digits)], digits
+
+
+def _check_host(host: str) -> None:
+    """Refuse names that ``expand`` would not give back as one host."""
+    if not isinstance(host, str):
+        raise HostlistError(f"host name {host!r} is not a string")
+    if not host or len(host) > MAX_NAME_LENGTH or _AMBIGUOUS_RE.search(host):
+        raise HostlistError(
+            f"cannot put host name {_quote(host)} in a Slurm hostlist: names must be 1-{MAX_NAME_LENGTH} "
+            "characters without commas, brackets or whitespace"
+        )
+
+
+def _ranges_text(numbers: List[str]) -> str:
+    """``1-3,5`` for the digit strings of consecutive hosts sharing a prefix (runs merged, order kept)."""
+    out: List[str] = []
+    run_start = numbers[0]
+    width = len(run_start)
+    last = int(run_start)
+    run_end = None
+    for digits in numbers[1:]:
+        value = int(digits)
+        if value == last + 1 and digits == str(value).zfill(width):
+            run_end = digits
+        else:
+            out.append(run_start if run_end is None else f"{run_start}-{run_end}")
+            run_start, run_end, width = digits, None, len(digits)
+        last = value
+    out.append(run_start if run_end is None else f"{run_start}-{run_end}")
+    return ",".join(out)
+
+
+def compress(hosts: Iterable[str]) -> str:
+    """The shortest Slurm hostlist that ``expand`` turns back into exactly ``hosts`` (order, duplicates).
+
+    Like ``scontrol show hostlist``: adjacent hosts with the same prefix share brackets and consecutive
+    numbers of the same width become ranges; nothing is sorted, so the order survives the round trip.
+    """
+    items: List[str] = []
+    prefix: Optional[str] = None
+    numbers: List[str] = []
+    for host in hosts:
+        _check_host(host)
+        head, digits = _split_name(host)
+        if digits and head == prefix:
+            numbers.append(digits)
+            continue
+        _flush(items, prefix, numbers)
+        if digits:
+            prefix, numbers = head, [digits]
+        else:
+            prefix, numbers = None, []
+            items.append(host)
+    _flush(items, prefix, numbers)
+    return ",".join(items)
+
+
+def _flush(items: List[str], prefix: Optional[str], numbers: List[str]) -> None:
+    """Append the pending run of same-prefix hosts to ``items``."""
+    if prefix is None or not numbers:
+        return
+    if len(numbers) == 1:
+        items.append(prefix + numbers[0])
+    else:
+        items.append(f"{prefix}[{_ranges_text(numbers)}]")
