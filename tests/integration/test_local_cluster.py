@@ -1,0 +1,90 @@
+"""scripts/local-cluster brings up a real multi-node Slurm cluster: lifecycle, layout, fake GPUs, isolation."""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+
+def state_of(cluster) -> str:
+    return (cluster.dir / "cluster.state").read_text()
+
+
+def test_status_shows_idle_nodes(slurm_cluster):
+    out = slurm_cluster.script("status").stdout
+    assert "debug*" in out
+    assert "node[1-2]" in out
+    assert "idle" in out
+
+
+def test_start_on_a_running_cluster_is_a_no_op(slurm_cluster):
+    before = state_of(slurm_cluster)
+    proc = slurm_cluster.script("start")
+    assert "already running" in proc.stderr
+    assert f"export SLURM_CONF='{slurm_cluster.env['SLURM_CONF']}'" in proc.stdout
+    assert state_of(slurm_cluster) == before  # same daemons, same ports
+
+
+def test_env_prints_what_clients_need(slurm_cluster):
+    out = slurm_cluster.script("env").stdout
+    assert f"export SLURM_CONF='{slurm_cluster.dir}/etc/slurm.conf'" in out
+    assert "export TMPDIR=" in out
+
+
+def test_srun_spans_two_nodes_with_their_own_hostnames(slurm_cluster):
+    out = slurm_cluster.run(["srun", "-N2", "--ntasks-per-node=2", "hostname"]).stdout
+    assert sorted(out.split()) == ["node1", "node1", "node2", "node2"]
+
+
+def test_nodes_accept_more_cpus_than_the_machine_has(slurm_cluster):
+    slurm_cluster.run(["srun", "-N2", "--ntasks-per-node=4", "--cpus-per-task=2", "true"])
+
+
+def test_impossible_request_is_rejected_not_left_pending(slurm_cluster):
+    proc = slurm_cluster.run(
+        ["srun", "-N2", "--ntasks-per-node=5", "--cpus-per-task=2", "true"], check=False
+    )
+    assert proc.returncode != 0
+    assert "More processors requested than permitted" in proc.stderr
+
+
+def test_gpu_job_sees_cuda_visible_devices(slurm_cluster):
+    out = slurm_cluster.run(["srun", "-n1", "--gpus=2", "printenv", "CUDA_VISIBLE_DEVICES"]).stdout
+    assert out.split() == ["0,1"]
+
+
+def test_gpus_per_task_gives_each_task_its_own_gpu(slurm_cluster):
+    out = slurm_cluster.run(
+        ["srun", "-N2", "--ntasks-per-node=2", "--gpus-per-task=1", "sh", "-c",
+         'echo "$(hostname) $SLURM_LOCALID $CUDA_VISIBLE_DEVICES"'],
+    ).stdout
+    assert sorted(out.splitlines()) == ["node1 0 0", "node1 1 1", "node2 0 0", "node2 1 1"]
+
+
+def test_pmi2_is_available_but_not_the_default(slurm_cluster):
+    with_pmi = slurm_cluster.run(["srun", "--mpi=pmi2", "-n2", "printenv", "PMI_SIZE"]).stdout
+    assert with_pmi.split() == ["2", "2"]
+    plain = slurm_cluster.run(["srun", "-n1", "printenv", "PMI_SIZE"], check=False)
+    assert plain.stdout == ""
+
+
+def test_two_clusters_run_at_the_same_time(slurm_cluster, local_cluster):
+    other = local_cluster("--nodes", "3", "--gpus", "0")
+    assert other.env["SLURM_CONF"] != slurm_cluster.env["SLURM_CONF"]
+    out = other.run(["srun", "-N3", "hostname"]).stdout
+    assert sorted(out.split()) == ["node1", "node2", "node3"]
+    out = slurm_cluster.run(["srun", "-N2", "hostname"]).stdout
+    assert sorted(out.split()) == ["node1", "node2"]
+    other.stop()
+    slurm_cluster.script("status")  # stopping one leaves the other alone
+
+
+def test_stop_then_start_again(local_cluster):
+    cluster = local_cluster("--nodes", "1")
+    cluster.stop()
+    assert cluster.script("status", check=False).returncode != 0
+    assert cluster.script("env", check=False).returncode != 0
+    cluster.stop()  # stopping a stopped cluster is fine
+    cluster.script("start")
+    cluster.run(["srun", "-n1", "true"])
