@@ -1,0 +1,286 @@
+"""Checkpoint and requeue when Slurm warns of preemption or the time limit, then resume where training stopped.
+
+Slurm sends a signal shortly before it ends a job (``#SBATCH --signal=USR2@120``, or
+``scancel --signal=USR2 JOB`` by hand or by a preemption policy). The protocol, on every rank::
+
+    preemption = slurmdist.requeue.install()     # before the training loop
+    for step in ...:
+        train_step()
+        if preemption.requested:                 # set by the signal, read at a step boundary
+            if env.is_main:
+                save_checkpoint(path)            # a consistent state: between two steps
+            preemption.requeue()                 # rank 0: `scontrol requeue`; then every rank ends
+
+Only rank 0 acts: the other ranks keep stepping and are ended by Slurm when the requeue takes effect, so no rank
+ever leaves a collective half-done and nothing raises. To make that end immediate, the handler restores
+SIGTERM's default action when the warning arrives (submitit otherwise ignores SIGTERM and the ranks would
+wait out Slurm's KillWait). The requeued job starts the same script, which loads the checkpoint and resumes.
+
+The signal defaults to SIGUSR2, not SIGUSR1 (NCCL has used SIGUSR1); set it per call or with
+``SLURMDIST_REQUEUE_SIGNAL``. Nothing here imports torch or submitit.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any, List, Mapping, Optional, Union
+
+from .errors import SlurmdistError
+
+log = logging.getLogger("slurmdist")
+
+SIGNAL_VARIABLE = "SLURMDIST_REQUEUE_SIGNAL"
+MAX_REQUEUES_VARIABLE = "SLURMDIST_MAX_REQUEUES"
+DEFAULT_SIGNAL = "USR2"
+DEFAULT_MAX_REQUEUES = 10
+# submitit's LocalExecutor restarts a job whose task exits with this status: its local "requeue".
+LOCAL_REQUEUE_EXIT_CODE = 144
+REQUEUE_COMMAND_TIMEOUT = 60.0  # seconds for `scontrol requeue`
+KILL_WAIT_TIMEOUT = 120.0  # seconds rank 0 waits for Slurm to end it after a requeue (KillWait is 30 s by default)
+
+SignalSpec = Union[str, int, signal.Signals, None]
+
+
+class RequeueError(SlurmdistError):
+    """The job could not be requeued (not a Slurm job, too many requeues, `scontrol requeue` failed)."""
+
+
+class Action(enum.Enum):
+    """What rank 0 does once its checkpoint is saved."""
+
+    SLURM_REQUEUE = "scontrol requeue"
+    LOCAL_RESTART = "exit for submitit's LocalExecutor to restart"
+    GIVE_UP = "stop: no requeue possible"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The requeue decision for this job, made from its environment alone (see `plan`)."""
+
+    action: Action
+    job_id: Optional[str] = None
+    reason: str = ""
+    command: List[str] = field(default_factory=list)
+
+
+# --- pure parts -----------------------------------------------------------------------------------------------
+
+
+def parse_signal(spec: SignalSpec = None, environ: Optional[Mapping[str, str]] = None) -> signal.Signals:
+    """`spec` ('USR2', 'SIGUSR2', 12, a Signals) as a signal; None reads SLURMDIST_REQUEUE_SIGNAL, else USR2."""
+    if spec is None:
+        environ = os.environ if environ is None else environ
+        spec = environ.get(SIGNAL_VARIABLE, "").strip() or DEFAULT_SIGNAL
+    if isinstance(spec, signal.Signals):
+        return spec
+    text = str(spec).strip().upper()
+    try:
+        if text.isdigit():
+            return signal.Signals(int(text))
+        return signal.Signals[text if text.startswith("SIG") else "SIG" + text]
+    except (KeyError, ValueError):
+        raise RequeueError(
+            f"requeue signal {spec!r} is not a signal name or number; use e.g. USR2 (the default) or TERM"
+        ) from None
+
+
+def slurm_name(sig: signal.Signals) -> str:
+    """The name Slurm's --signal option takes: 'USR2' for SIGUSR2."""
+    return sig.name[3:]
+
+
+def restart_count(environ: Mapping[str, str]) -> int:
+    """How many times Slurm has requeued this job already (0 on its first run)."""
+    raw = environ.get("SLURM_RESTART_COUNT", "").strip()
+    return int(raw) if raw.isdigit() else 0
+
+
+def requeue_limit(value: Optional[int], environ: Mapping[str, str]) -> int:
+    """The requeue limit: `value`, else SLURMDIST_MAX_REQUEUES, else 10."""
+    if value is not None:
+        return value
+    raw = environ.get(MAX_REQUEUES_VARIABLE, "").strip()
+    return int(raw) if raw.isdigit() else DEFAULT_MAX_REQUEUES
+
+
+def plan(environ: Mapping[str, str], limit: int) -> Plan:
+    """How this job gets requeued: by Slurm, by submitit's LocalExecutor, or not at all (and why)."""
+    if environ.get("SUBMITIT_EXECUTOR") == "local":
+        return Plan(Action.LOCAL_RESTART)
+    job_id = environ.get("SLURM_JOB_ID", "").strip()
+    if not job_id:
+        return Plan(Action.GIVE_UP, reason="this is not a Slurm job (SLURM_JOB_ID is unset); rerun to resume")
+    done = restart_count(environ)
+    if done >= limit:
+        return Plan(Action.GIVE_UP, job_id, f"job {job_id} was already requeued {done} times (limit {limit}; "
+                                            f"raise it with max_requeues= or {MAX_REQUEUES_VARIABLE})")
+    return Plan(Action.SLURM_REQUEUE, job_id, command=["scontrol", "requeue", job_id])
+
+
+# --- the signal handler and the requeue (side effects) --------------------------------------------------------
+
+
+class Preemption:
+    """Set when the requeue signal arrives; `requeue()` acts on it. Create it with `install()`."""
+
+    def __init__(self, sig: signal.Signals, limit: int, rank: int) -> None:
+        self.signal = sig
+        self.max_requeues = limit
+        self.rank = rank
+        self.received_at: Optional[float] = None
+        self._previous: Any = None
+        self._installed = False
+
+    @property
+    def requested(self) -> bool:
+        """True once the signal arrived: checkpoint at the next step boundary, then call `requeue()`."""
+        return self.received_at is not None
+
+    def install(self) -> "Preemption":
+        if threading.current_thread() is not threading.main_thread():
+            raise RequeueError("slurmdist.requeue.install() must run in the main thread (Python delivers signals there)")
+        self._previous = signal.signal(self.signal, self._on_signal)
+        self._installed = True
+        return self
+
+    def uninstall(self) -> None:
+        """Give the signal back to whatever handled it before."""
+        if self._installed:
+            signal.signal(self.signal, self._previous if self._previous is not None else signal.SIG_DFL)
+            self._installed = False
+
+    def _on_signal(self, signum: int, frame: Optional[FrameType]) -> None:
+        # Only flags: a handler runs between two bytecodes, maybe inside a step, where nothing may be saved.
+        if self.received_at is None:
+            self.received_at = time.monotonic()
+        # Slurm ends the job with SIGTERM once rank 0 requeued it: every rank must then die at once, even one
+        # blocked in a collective (a Python-level handler would never run there).
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        log.warning("slurmdist: rank %d got %s: checkpoint and requeue at the next step boundary",
+                    self.rank, self.signal.name)
+
+    def requeue(self, environ: Optional[Mapping[str, str]] = None) -> None:
+        """After rank 0 saved its checkpoint: requeue the job and end this process.
+
+        On ranks other than 0 this returns at once: they keep stepping until Slurm ends them. On rank 0 it does
+        not return: it requeues and waits (bounded) to be ended. Raises `RequeueError` when the job cannot be
+        requeued (not under Slurm, or out of requeues): the checkpoint is saved, resubmit to resume.
+        """
+        if self.rank != 0:
+            return
+        environ = os.environ if environ is None else environ
+        decision = plan(environ, self.max_requeues)
+        if decision.action is Action.GIVE_UP:
+            raise RequeueError(f"not requeued: {decision.reason}")
+        if decision.action is Action.LOCAL_RESTART:
+            _restart_local_job()
+        _run_requeue(decision.command)
+        log.warning("slurmdist: requeued job %s; waiting for Slurm to end this run", decision.job_id)
+        _wait_to_be_ended(KILL_WAIT_TIMEOUT)
+
+
+def install(
+    sig: SignalSpec = None, *, max_requeues: Optional[int] = None, rank: Optional[int] = None,
+    environ: Optional[Mapping[str, str]] = None,
+) -> Preemption:
+    """Start listening for the requeue signal (default SLURMDIST_REQUEUE_SIGNAL, else USR2) on this rank.
+
+    `rank` defaults to the launcher's (SLURM_PROCID, SUBMITIT_LOCAL_GLOBALID, RANK), read without touching
+    torch, so this can run before `slurmdist.init()`: a signal that arrives during start-up is not lost.
+    """
+    environ = os.environ if environ is None else environ
+    if rank is None:
+        rank = launcher_rank(environ)
+    return Preemption(parse_signal(sig, environ), requeue_limit(max_requeues, environ), rank).install()
+
+
+def launcher_rank(environ: Mapping[str, str]) -> int:
+    """This process's global rank as the launcher exported it (0 when there is none)."""
+    from .detection import detect
+
+    return detect(environ).rank
+
+
+def _run_requeue(command: List[str]) -> None:
+    try:
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=REQUEUE_COMMAND_TIMEOUT)
+    except FileNotFoundError:
+        raise RequeueError(f"cannot requeue: {command[0]} is not on PATH in the job") from None
+    except subprocess.TimeoutExpired:
+        raise RequeueError(f"`{' '.join(command)}` did not answer within {REQUEUE_COMMAND_TIMEOUT:.0f}s") from None
+    if proc.returncode != 0:
+        raise RequeueError(
+            f"`{' '.join(command)}` failed ({proc.returncode}): {proc.stderr.strip()}. The cluster may forbid "
+            "requeues (JobRequeue=0): submit with --requeue, or resubmit by hand to resume from the checkpoint"
+        )
+
+
+def _restart_local_job() -> None:
+    """submitit's LocalExecutor restarts the tasks when one exits with 144; its controller (our parent)
+    forwards SIGTERM to every task, which ends the others at once (their SIGTERM is at its default now)."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        os.kill(os.getppid(), signal.SIGTERM)
+    except OSError:  # pragma: no cover - the controller is gone; the exit status still asks for a restart
+        pass
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(LOCAL_REQUEUE_EXIT_CODE)
+
+
+def _wait_to_be_ended(timeout: float) -> None:
+    """Sleep until Slurm's SIGTERM ends this process; exit on our own if it never comes."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        time.sleep(0.2)
+    log.warning("slurmdist: still running %.0fs after the requeue; exiting", timeout)
+    sys.stdout.flush()
+    os._exit(LOCAL_REQUEUE_EXIT_CODE)
+
+
+# --- a Checkpointable-style base class for submitit -----------------------------------------------------------
+
+
+class Resumable:
+    """A training job that survives preemption and time limits: subclass it and implement `run`.
+
+    `run(preemption)` trains from the checkpoint at `self.checkpoint_path` if it exists; at every step
+    boundary where `preemption.requested`, rank 0 saves and every rank calls `preemption.requeue()`. Submit
+    the instance itself (``submitter.submit(MyTraining(path))``): the requeued job calls it again, and it
+    resumes from the file, so the object never needs re-pickling. Works the same in a plain sbatch script
+    (``MyTraining(path)()``).
+    """
+
+    def __init__(self, checkpoint_path: Union[str, os.PathLike], *, signal: SignalSpec = None,
+                 max_requeues: Optional[int] = None) -> None:
+        self.checkpoint_path = Path(checkpoint_path).absolute()
+        self.signal = signal
+        self.max_requeues = max_requeues
+
+    def run(self, preemption: Preemption, *args: Any, **kwargs: Any) -> Any:
+        """Train (resuming from `self.checkpoint_path` when it exists) and return the result."""
+        raise NotImplementedError(f"{type(self).__name__} must implement run(self, preemption, ...)")
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        preemption = install(self.signal, max_requeues=self.max_requeues)
+        try:
+            return self.run(preemption, *args, **kwargs)
+        finally:
+            preemption.uninstall()
+
+    def checkpoint(self, *args: Any, **kwargs: Any) -> Any:
+        """submitit's hook, used only when the signal lands before `run` took it over: resubmit as is."""
+        from submitit.helpers import DelayedSubmission
+
+        return DelayedSubmission(self, *args, **kwargs)

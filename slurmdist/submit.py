@@ -1,0 +1,469 @@
+"""Submit distributed training from Python or a notebook: a submitit executor built from what users think in.
+
+    from slurmdist.submit import Submitter, result
+
+    submitter = Submitter(nodes=2, gpus_per_node=4, time="2:00:00", partition="gpu", folder="logs")
+    job = submitter.submit(train, lr=0.1)          # a submitit job; inside it `slurmdist.init()` just works
+    print(result(job, timeout=3600))              # rank 0's return value, or the remote traceback, promptly
+
+One task per GPU (`gpus_per_node` sets the tasks per node; CPU-only jobs give `tasks_per_node`). submitit runs
+the function under srun, so each task is one rank; with ``cluster="local"`` (or no Slurm on this machine) the
+same code runs every task on this machine through submitit's LocalExecutor, for laptop debugging.
+
+Jobs get ``--signal=USR2@120 --requeue``: a `slurmdist.requeue.Resumable` function checkpoints and requeues
+itself on that signal. `wait`/`results` read the job's state from Slurm with bounded calls (squeue, then sacct)
+and report a failure as soon as Slurm does, with the failing task's remote traceback.
+
+Importing this module imports neither submitit nor torch; the executor is built on first use.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+
+from .errors import SlurmdistError
+from .requeue import Resumable, parse_signal, slurm_name
+
+__all__ = [
+    "Submitter", "Resources", "Command", "Resumable", "SubmitError", "JobFailedError", "JobTimeoutError",
+    "wait", "results", "result", "job_state", "parse_time", "parse_mem", "slurm_parameters", "local_parameters",
+]
+
+DEFAULT_FOLDER = "slurmdist-logs/%j"
+DEFAULT_SIGNAL_DELAY = 120  # seconds between the warning signal and the time limit: room to save a checkpoint
+SLURM_CALL_TIMEOUT = 15.0  # seconds for one squeue/sacct call
+RESULT_GRACE = 5.0  # seconds to wait for result files after Slurm says the job ended (shared file systems lag)
+
+# Job states after which nothing more happens (a requeued job is PENDING/REQUEUED again, not PREEMPTED).
+FINISHED_STATES = frozenset({
+    "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",
+    "PREEMPTED", "REVOKED", "SPECIAL_EXIT",
+})
+# Options slurmdist sets itself: passing them through `sbatch=` would contradict the job's layout or logs.
+MANAGED_OPTIONS = frozenset({
+    "nodes", "ntasks", "ntasks-per-node", "gpus-per-node", "cpus-per-task", "time", "partition", "account",
+    "mem", "job-name", "output", "error", "signal", "array", "open-mode", "wrap",
+})
+_OPTION_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
+_MEM = re.compile(r"^\d+(\.\d+)?[KMGT]?B?$", re.IGNORECASE)
+
+
+class SubmitError(SlurmdistError):
+    """A job could not be described or submitted (bad option, no Slurm, sbatch refused it)."""
+
+
+class JobFailedError(SubmitError):
+    """The job ended without a result: its remote traceback, or Slurm's state and the log's last lines."""
+
+    def __init__(self, message: str, state: str = "", job_id: str = "") -> None:
+        super().__init__(message)
+        self.state = state
+        self.job_id = job_id
+
+
+class JobTimeoutError(SubmitError):
+    """Waiting for a job took longer than the caller allowed (the job itself keeps running)."""
+
+
+# --- pure: options -> submitit parameters ---------------------------------------------------------------------
+
+
+def parse_time(value: Union[int, float, str]) -> int:
+    """A time limit in whole minutes, from minutes (int/float) or Slurm's forms: MM, MM:SS, HH:MM:SS, D-HH,
+    D-HH:MM, D-HH:MM:SS. submitit needs minutes: it also uses them to tell a time-out from a preemption."""
+    if isinstance(value, bool):
+        raise SubmitError(f"time={value!r} is not a duration")
+    if isinstance(value, (int, float)):
+        minutes = float(value)
+    else:
+        minutes = _slurm_time_minutes(str(value).strip())
+    if not math.isfinite(minutes) or minutes <= 0:
+        raise SubmitError(f"time={value!r} must be a positive duration")
+    return max(1, math.ceil(minutes))
+
+
+def _slurm_time_minutes(text: str) -> float:
+    days, _, rest = text.rpartition("-") if "-" in text else ("", "", text)
+    parts = rest.split(":")
+    if not all(p.isdigit() for p in parts) or (days and not days.isdigit()) or not 1 <= len(parts) <= 3:
+        raise SubmitError(f"time={text!r} is not a Slurm time: use minutes or HH:MM:SS or D-HH:MM:SS")
+    numbers = [int(p) for p in parts]
+    if days:  # D-HH, D-HH:MM, D-HH:MM:SS
+        hours, minutes, seconds = (numbers + [0, 0])[:3]
+        return int(days) * 1440 + hours * 60 + minutes + seconds / 60
+    if len(numbers) == 3:
+        return numbers[0] * 60 + numbers[1] + numbers[2] / 60
+    if len(numbers) == 2:  # MM:SS
+        return numbers[0] + numbers[1] / 60
+    return float(numbers[0])
+
+
+def parse_mem(value: Union[int, float, str]) -> str:
+    """Memory per node for ``--mem``: a number is GiB (``32`` -> ``'32G'``); strings such as '500M' pass."""
+    if isinstance(value, bool):
+        raise SubmitError(f"mem={value!r} is not an amount of memory")
+    if isinstance(value, (int, float)):
+        if value <= 0:
+            raise SubmitError(f"mem={value!r} must be positive")
+        return f"{int(value)}G" if float(value).is_integer() else f"{math.ceil(value * 1024)}M"
+    text = str(value).strip()
+    if not _MEM.match(text):
+        raise SubmitError(f"mem={value!r} is not a Slurm memory size such as 32G or 500M")
+    return text.upper()
+
+
+@dataclass(frozen=True)
+class Resources:
+    """What a distributed job asks for, in the terms users think in. Validated on creation."""
+
+    nodes: int = 1
+    gpus_per_node: int = 0
+    tasks_per_node: Optional[int] = None  # CPU-only jobs; with GPUs it follows gpus_per_node
+    cpus_per_task: Optional[int] = None
+    time: Union[int, float, str] = 60
+    partition: Optional[str] = None
+    account: Optional[str] = None
+    mem: Union[int, float, str, None] = None
+    sbatch: Mapping[str, Any] = field(default_factory=dict)  # extra #SBATCH options: {"constraint": "a100"}
+    setup: Sequence[str] = ()  # shell lines run in the batch script before srun (module load, source venv)
+    name: str = "slurmdist"
+    signal: Union[str, int, None] = None  # the requeue warning signal (default SLURMDIST_REQUEUE_SIGNAL/USR2)
+    signal_delay: int = DEFAULT_SIGNAL_DELAY
+
+    def __post_init__(self) -> None:
+        for name in ("nodes", "gpus_per_node", "tasks_per_node", "cpus_per_task", "signal_delay"):
+            value = getattr(self, name)
+            minimum = 0 if name in ("gpus_per_node", "signal_delay") else 1
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < minimum):
+                raise SubmitError(f"{name}={value!r} must be a whole number >= {minimum}")
+        if self.gpus_per_node and self.tasks_per_node not in (None, self.gpus_per_node):
+            raise SubmitError(
+                f"gpus_per_node={self.gpus_per_node} runs one task per GPU, but tasks_per_node="
+                f"{self.tasks_per_node}; drop tasks_per_node (it follows gpus_per_node)"
+            )
+        if isinstance(self.setup, str):
+            raise SubmitError("setup must be a list of shell lines, not one string")
+        parse_time(self.time)
+        if self.mem is not None:
+            parse_mem(self.mem)
+        parse_signal(self.signal)
+        _check_sbatch_options(self.sbatch)
+
+    @property
+    def ntasks_per_node(self) -> int:
+        """One task per GPU, else `tasks_per_node` (default 1)."""
+        return self.gpus_per_node or self.tasks_per_node or 1
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.ntasks_per_node
+
+
+def _check_sbatch_options(options: Mapping[str, Any]) -> None:
+    for key, value in options.items():
+        if not isinstance(key, str) or not _OPTION_NAME.match(key):
+            raise SubmitError(f"sbatch option {key!r} is not an option name (letters, digits, '-' and '_')")
+        if key.replace("_", "-") in MANAGED_OPTIONS:
+            raise SubmitError(f"sbatch option {key!r} is set by slurmdist; use the matching argument instead")
+        if not isinstance(value, (str, int, float, bool)) or (isinstance(value, str) and "\n" in value):
+            raise SubmitError(f"sbatch option {key}={value!r}: the value must be one line of text, a number or True")
+
+
+def environment_lines(resources: Resources) -> List[str]:
+    """Shell lines that make the job's submitit and slurmdist agree on the requeue signal."""
+    name = shlex.quote(slurm_name(parse_signal(resources.signal)))
+    return [f"export SLURMDIST_REQUEUE_SIGNAL={name}", f"export SUBMITIT_PREEMPT_SIGNAL={name}"]
+
+
+def slurm_parameters(resources: Resources) -> Dict[str, Any]:
+    """`submitit.SlurmExecutor.update_parameters` arguments for `resources`."""
+    extra: Dict[str, Any] = {"signal": f"{slurm_name(parse_signal(resources.signal))}@{resources.signal_delay}",
+                             "requeue": True}
+    extra.update({key.replace("_", "-"): value for key, value in resources.sbatch.items()})
+    params: Dict[str, Any] = {
+        "job_name": resources.name,
+        "nodes": resources.nodes,
+        "ntasks_per_node": resources.ntasks_per_node,
+        "time": parse_time(resources.time),
+        "signal_delay_s": resources.signal_delay,
+        "setup": [*environment_lines(resources), *resources.setup],
+        "additional_parameters": extra,
+        # One failed rank ends the step: the others would otherwise wait in a collective until its timeout.
+        "srun_args": ["--kill-on-bad-exit=1"],
+    }
+    optional = {
+        "gpus_per_node": resources.gpus_per_node or None,
+        "cpus_per_task": resources.cpus_per_task,
+        "partition": resources.partition,
+        "account": resources.account,
+        "mem": None if resources.mem is None else parse_mem(resources.mem),
+    }
+    params.update({key: value for key, value in optional.items() if value is not None})
+    return params
+
+
+def local_parameters(resources: Resources) -> Dict[str, Any]:
+    """`submitit.LocalExecutor.update_parameters` arguments: every task of every node on this machine."""
+    params: Dict[str, Any] = {
+        "tasks_per_node": resources.world_size,
+        "timeout_min": parse_time(resources.time),
+        "signal_delay_s": resources.signal_delay,
+        "setup": [*environment_lines(resources), *resources.setup],
+    }
+    if resources.gpus_per_node:
+        params["gpus_per_node"] = resources.nodes * resources.gpus_per_node
+    return params
+
+
+def choose_cluster(cluster: str, which: Callable[[str], Optional[str]] = shutil.which) -> str:
+    """'slurm' or 'local': 'auto' is Slurm where sbatch and srun exist, else this machine."""
+    if cluster not in ("auto", "slurm", "local"):
+        raise SubmitError(f"cluster={cluster!r}: use 'auto', 'slurm' or 'local'")
+    if cluster == "auto":
+        return "slurm" if which("sbatch") and which("srun") else "local"
+    if cluster == "slurm" and not (which("sbatch") and which("srun")):
+        raise SubmitError("cluster='slurm' but sbatch/srun are not on PATH; run on a login node, or use cluster='local'")
+    return cluster
+
+
+# --- the callable that runs a command in each task ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Command:
+    """Run `argv` in every task (one rank each), its output going straight to the task's log; fail on a
+    non-zero exit. The requeue signal reaches the command directly (it shares the task's process group)."""
+
+    argv: Tuple[str, ...]
+    cwd: Optional[str] = None
+
+    def __call__(self) -> int:
+        import signal as signals
+
+        sig = parse_signal(None)
+        # A no-op handler, not SIG_IGN: exec resets handlers to the default, so the child still gets the signal.
+        previous = signals.signal(sig, lambda signum, frame: None)
+        try:
+            code = subprocess.call(list(self.argv), cwd=self.cwd)
+        finally:
+            signals.signal(sig, previous)
+        if code != 0:
+            raise RuntimeError(f"command exited with status {code}: {shlex.join(self.argv)}")
+        return code
+
+
+# --- side effects: building executors and submitting ---------------------------------------------------------
+
+
+class Submitter:
+    """Builds the submitit executor for a distributed job and submits to it; returns submitit jobs.
+
+    Arguments are `Resources` fields (nodes, gpus_per_node, tasks_per_node, cpus_per_task, time, partition,
+    account, mem, sbatch, setup, name, signal, signal_delay) plus `folder` (logs and pickles; ``%j`` is the job
+    id), `cluster` ('auto', 'slurm', 'local') and `python` (the interpreter command in the job).
+    """
+
+    def __init__(self, *, folder: Union[str, os.PathLike] = DEFAULT_FOLDER, cluster: str = "auto",
+                 python: Optional[str] = None, **resources: Any) -> None:
+        try:
+            self.resources = Resources(**resources)
+        except TypeError as error:
+            raise SubmitError(f"Submitter: {error}") from None
+        self.cluster = choose_cluster(cluster)
+        self.folder = Path(folder)
+        self.python = python
+        self._executor: Any = None
+
+    @property
+    def executor(self) -> Any:
+        """The submitit executor (built on first use; submitit is imported only then)."""
+        if self._executor is None:
+            self._executor = build_executor(self.resources, self.cluster, self.folder, self.python)
+        return self._executor
+
+    def with_options(self, **changes: Any) -> "Submitter":
+        """A copy with some resources changed: ``submitter.with_options(nodes=1)``."""
+        fields = {f: getattr(self.resources, f) for f in self.resources.__dataclass_fields__}
+        return Submitter(folder=self.folder, cluster=self.cluster, python=self.python, **{**fields, **changes})
+
+    def submit(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Run ``fn(*args, **kwargs)`` in every task of one job; returns the submitit job."""
+        return _submitting(lambda: self.executor.submit(fn, *args, **kwargs))
+
+    def submit_command(self, argv: Sequence[str], cwd: Union[str, os.PathLike, None] = None) -> Any:
+        """Run a command (``["python", "train.py", "--steps", "100"]``) in every task; no shell is involved."""
+        if isinstance(argv, str) or not argv or not all(isinstance(a, str) for a in argv):
+            raise SubmitError("submit_command needs a non-empty list of strings, e.g. ['python', 'train.py']")
+        workdir = str(Path(cwd).absolute()) if cwd is not None else os.getcwd()
+        return self.submit(Command(tuple(argv), workdir))
+
+    def map_array(self, fn: Callable[..., Any], *iterables: Iterable[Any]) -> List[Any]:
+        """A job array, one job per ``fn(*args)`` for args in ``zip(*iterables)``: a sweep. Each element is a
+        whole distributed job with these resources."""
+        return _submitting(lambda: self.executor.map_array(fn, *iterables))
+
+
+def build_executor(resources: Resources, cluster: str, folder: Path, python: Optional[str] = None) -> Any:
+    """A configured submitit executor (imports submitit)."""
+    try:
+        import submitit
+    except ImportError:
+        raise SubmitError("slurmdist.submit needs submitit: pip install 'slurmdist[submit]'") from None
+    if cluster == "local":
+        executor = submitit.LocalExecutor(folder=folder, python=python)
+        executor.update_parameters(**local_parameters(resources))
+    else:
+        executor = submitit.SlurmExecutor(folder=folder, python=python)
+        executor.update_parameters(**slurm_parameters(resources))
+    return executor
+
+
+def _submitting(submit: Callable[[], Any]) -> Any:
+    """Turn submitit's submission failures (sbatch's message) into a SubmitError."""
+    from submitit.core.utils import FailedJobError, FailedSubmissionError
+
+    try:
+        return submit()
+    except (FailedJobError, FailedSubmissionError, subprocess.CalledProcessError) as error:
+        raise SubmitError(f"sbatch refused the job: {str(error).strip()}") from None
+
+
+# --- following jobs: state, wait, results ---------------------------------------------------------------------
+
+
+def is_local(job: Any) -> bool:
+    return type(job).__name__ == "LocalJob"
+
+
+def job_state(job: Any, environ: Optional[Mapping[str, str]] = None) -> str:
+    """The job's state now: squeue while slurmctld remembers the job, else sacct (bounded calls).
+
+    UNKNOWN when neither knows it (sacct without accounting forgets finished jobs after MinJobAge).
+    """
+    if is_local(job):  # the LocalExecutor knows only its controller process: running, finished or gone
+        state = job.state
+        return "RUNNING" if state == "RUNNING" else ("COMPLETED" if state == "FINISHED" else "FAILED")
+    return slurm_state(job.job_id, environ)
+
+
+def slurm_state(job_id: str, environ: Optional[Mapping[str, str]] = None) -> str:
+    """squeue's view of `job_id`, else sacct's, else UNKNOWN."""
+    queries = (["squeue", "-h", "-t", "all", "-j", job_id, "-o", "%T"],
+               ["sacct", "-n", "-X", "-P", "-o", "State", "-j", job_id])
+    for command in queries:
+        output = _slurm_query(command, environ)
+        if output:
+            return parse_state(output)
+    return "UNKNOWN"
+
+
+def parse_state(output: str) -> str:
+    """The first state in squeue/sacct output: 'CANCELLED by 0' -> 'CANCELLED'."""
+    first = output.strip().splitlines()[0].strip()
+    return first.split()[0].rstrip("+").upper() if first else "UNKNOWN"
+
+
+def _slurm_query(command: List[str], environ: Optional[Mapping[str, str]]) -> str:
+    try:
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=SLURM_CALL_TIMEOUT,
+                              env=None if environ is None else dict(environ))
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return proc.stdout if proc.returncode == 0 else ""
+
+
+def wait(job: Any, timeout: float, *, poll: float = 1.0,
+         on_state: Optional[Callable[[str], None]] = None) -> str:
+    """Wait until the job ends (every task wrote its result, or Slurm says it ended); return its state.
+
+    Raises `JobTimeoutError` after `timeout` seconds; the job keeps running. `on_state` hears every change.
+    """
+    deadline = time.monotonic() + timeout
+    last = ""
+    while True:
+        state = "COMPLETED" if _all_results_written(job) else job_state(job)
+        if state != last and on_state is not None:
+            on_state(state)
+        last = state
+        if state in FINISHED_STATES:
+            return state
+        if time.monotonic() >= deadline:
+            raise JobTimeoutError(f"job {job.job_id} still {state} after {timeout:.0f}s (it keeps running; "
+                                  f"`scancel {job.job_id}` to stop it)")
+        time.sleep(min(poll, max(0.0, deadline - time.monotonic())))
+
+
+def results(job: Any, timeout: float, *, poll: float = 1.0) -> List[Any]:
+    """Every task's return value, once the job ended. Raises `JobFailedError` with the first failing
+    task's remote traceback, or with Slurm's state and the log's last lines when no task could report."""
+    state = wait(job, timeout, poll=poll)
+    outcomes = _read_outcomes(job, grace=0.0 if state == "COMPLETED" else RESULT_GRACE)
+    failed = [task for task, (outcome, _) in enumerate(outcomes) if outcome == "error"]
+    if failed:
+        # The first task to fail is the cause; the others usually failed because it left their collectives.
+        first = min(failed, key=lambda task: job.task(task).paths.result_pickle.stat().st_mtime)
+        others = f" (then task(s) {sorted(set(failed) - {first})} failed too)" if len(failed) > 1 else ""
+        raise JobFailedError(f"job {job.job_id} task {first} raised{others}:\n{outcomes[first][1]}\n"
+                             f"(log: {_task_paths(job, first)[1]})", state, job.job_id)
+    if any(outcome is None for outcome, _ in outcomes):
+        missing = [task for task, (outcome, _) in enumerate(outcomes) if outcome is None]
+        stdout, stderr = _task_paths(job, missing[0])
+        raise JobFailedError(
+            f"job {job.job_id} ended {state} and task(s) {missing} left no result; last lines of {stderr}:\n"
+            f"{_tail(stderr)}", state, job.job_id,
+        )
+    return [value for _, value in outcomes]
+
+
+def result(job: Any, timeout: float, *, poll: float = 1.0) -> Any:
+    """Rank 0's return value (see `results`)."""
+    return results(job, timeout, poll=poll)[0]
+
+
+def _tasks(job: Any) -> List[Any]:
+    return [job.task(i) for i in range(job.num_tasks)]
+
+
+def _task_paths(job: Any, task: int) -> Tuple[Path, Path]:
+    paths = job.task(task).paths
+    return paths.stdout, paths.stderr
+
+
+def _all_results_written(job: Any) -> bool:
+    return all(task.paths.result_pickle.exists() for task in _tasks(job))
+
+
+def _read_outcomes(job: Any, grace: float) -> List[Tuple[Optional[str], Any]]:
+    """(outcome, value) per task: ('success', result), ('error', traceback text) or (None, None)."""
+    from submitit.core.utils import pickle_load
+
+    deadline = time.monotonic() + grace
+    while not _all_results_written(job) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    outcomes: List[Tuple[Optional[str], Any]] = []
+    for task in _tasks(job):
+        path = task.paths.result_pickle
+        outcomes.append(tuple(pickle_load(path)) if path.exists() else (None, None))  # type: ignore[arg-type]
+    return outcomes
+
+
+def _tail(path: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log file)"
+
+
+def log_paths(job: Any) -> Tuple[Path, Path]:
+    """Task 0's stdout and stderr files (rank 0 prints there)."""
+    return _task_paths(job, 0)
+
