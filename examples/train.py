@@ -1,0 +1,274 @@
+"""A small DDP training run that starts unchanged under every launcher slurmdist reads.
+
+    python examples/train.py --steps 100 --out result.json                  # one process
+    srun python examples/train.py --steps 100 --out result.json             # one task per GPU
+    torchrun --nproc-per-node=4 examples/train.py --steps 100 --out r.json   # or mpirun, submitit, sbatch
+
+Why it is built this way:
+- The global batch (`--batch-size`) is fixed and split across ranks by a `DistributedSampler`, so every step
+  sees the same samples whatever the world size: one process reaches the same loss as four (to float
+  rounding), and the same world size gives bit-identical parameters under every launcher.
+- Everything a resumed run needs lives in one `TrainState`, saved atomically by rank 0. A run finds its
+  checkpoint at start and continues, so a requeued job (`sbatch --requeue`, `--signal`) loses little work;
+  SIGUSR2 asks for a checkpoint at the next step boundary.
+- Rank 0 writes `--out` as JSON: {"world_size": W, "loss": L, "checksum": sha256 of the final parameters}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import signal
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+import torch
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DistributedSampler, TensorDataset
+
+import slurmdist
+
+FEATURES, HIDDEN = 16, 32
+# What `#SBATCH --signal=USR2@120` sends before the time limit (USR2: NCCL has used SIGUSR1 itself).
+CHECKPOINT_SIGNAL = signal.SIGUSR2
+
+
+def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=100, help="optimizer steps in total (resumed runs included)")
+    parser.add_argument("--seed", type=int, default=0, help="seeds the data, the model and the sample order")
+    parser.add_argument("--out", type=Path, help="rank 0 writes the result JSON here")
+    parser.add_argument("--checkpoint", type=Path, help="resume from this file if it exists; save to it")
+    parser.add_argument("--checkpoint-every", type=int, default=0, metavar="N",
+                        help="also save every N steps (default: only at the end and on SIGUSR2)")
+    parser.add_argument("--batch-size", type=int, default=48,
+                        help="GLOBAL batch, split evenly across ranks (48 divides by 1, 2, 3, 4, 6, 8, 12, 16)")
+    parser.add_argument("--batches-per-epoch", type=int, default=20, help="synthetic data set size, in batches")
+    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--log-every", type=int, default=10, metavar="N", help="rank 0 logs every N steps")
+    parser.add_argument("--backend", default="auto", help="slurmdist.init backend: auto, nccl, hccl, gloo, mpi")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch CPU threads per process when training on CPU (many ranks share few cores)")
+    args = parser.parse_args(argv)
+    for name in ("steps", "batch_size", "batches_per_epoch", "threads"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    return args
+
+
+# --- the pieces: data, model, sample order, state ----------------------------------------------------------
+
+
+def make_data(seed: int, samples: int) -> TensorDataset:
+    """A fixed nonlinear regression problem: every rank builds the same tensors from the seed."""
+    generator = torch.Generator().manual_seed(seed)
+    inputs = torch.randn(samples, FEATURES, generator=generator)
+    weights = torch.randn(FEATURES, 1, generator=generator) / math.sqrt(FEATURES)
+    targets = torch.sin(3 * inputs @ weights) + 0.05 * torch.randn(samples, 1, generator=generator)
+    return TensorDataset(inputs, targets)
+
+
+def make_model(seed: int) -> nn.Module:
+    generator_state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(FEATURES, HIDDEN), nn.Tanh(), nn.Linear(HIDDEN, 1))
+    torch.random.set_rng_state(generator_state)
+    return model
+
+
+def step_indices(sampler: DistributedSampler, step: int, local_batch: int) -> List[int]:
+    """This rank's sample indices for global step `step`: a pure function of the step, so a resumed run
+    continues mid-epoch exactly where the checkpoint left off. Rank r's slice of each epoch's permutation is
+    positions r, r+W, r+2W, ..., so local batch i of all ranks together is permutation positions
+    [i*B, (i+1)*B): the same global batch for any world size W that divides B."""
+    steps_per_epoch = len(sampler) // local_batch
+    epoch, index = divmod(step, steps_per_epoch)
+    sampler.set_epoch(epoch)
+    return list(sampler)[index * local_batch:(index + 1) * local_batch]
+
+
+@dataclass
+class TrainState:
+    """Everything a resumed run needs, in one object: a signal handler or a requeue saves it whole."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    config: Dict[str, Any]  # what must match for a resume to continue the same run
+    step: int = 0
+    history: List[float] = field(default_factory=list)  # logged global losses
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {
+            "step": self.step,
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "config": self.config,
+            "history": self.history,
+        }
+
+    def load_state_dict(self, saved: Dict[str, Any]) -> None:
+        if saved["config"] != self.config:
+            raise SystemExit(
+                f"train.py: the checkpoint was written by a different run ({saved['config']}), this run is "
+                f"{self.config}: pass another --checkpoint path or the same --seed/--batch-size"
+            )
+        self.model.load_state_dict(saved["model"])
+        self.optimizer.load_state_dict(saved["optimizer"])
+        self.step = int(saved["step"])
+        self.history = list(saved["history"])
+
+
+# --- files: atomic writes --------------------------------------------------------------------------------
+
+
+def write_atomically(path: Path, write: Callable[[Any], None]) -> None:
+    """Write via a temporary file in the same directory, fsync, rename: a reader (or a resumed run after a
+    crash mid-write) sees the old file or the new one, never half of one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(handle, "wb") as stream:
+            write(stream)
+            stream.flush()
+            os.fsync(stream.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)  # the rename itself survives a crash
+    finally:
+        os.close(directory)
+
+
+def save_checkpoint(state: TrainState, path: Path) -> None:
+    write_atomically(path, lambda stream: torch.save(state.state_dict(), stream))
+
+
+def load_checkpoint(path: Path) -> Optional[Dict[str, Any]]:
+    if not path.exists():
+        return None
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def checksum(model: nn.Module) -> str:
+    """sha256 over parameter names and float32 bytes: equal only when training was bit-identical."""
+    digest = hashlib.sha256()
+    for name, tensor in model.state_dict().items():
+        digest.update(name.encode())
+        digest.update(tensor.detach().to("cpu", torch.float32).contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def full_loss(model: nn.Module, data: TensorDataset) -> float:
+    """Mean squared error of `model` over the whole data set: the same number for the same parameters."""
+    inputs, targets = data.tensors
+    device = next(model.parameters()).device
+    with torch.no_grad():
+        return float(nn.functional.mse_loss(model(inputs.to(device)), targets.to(device)))
+
+
+# --- training --------------------------------------------------------------------------------------------
+
+
+class CheckpointRequest:
+    """Set by SIGUSR2 (Slurm's `--signal`), read by the loop at the next step boundary."""
+
+    def __init__(self) -> None:
+        self.requested = False
+
+    def install(self) -> None:
+        # Without a handler SIGUSR2 would kill the process: Slurm's warning signal must never do that.
+        signal.signal(CHECKPOINT_SIGNAL, lambda signum, frame: setattr(self, "requested", True))
+
+
+def global_mean(value: torch.Tensor, world_size: int) -> float:
+    import torch.distributed as dist
+
+    value = value.detach().clone()
+    if world_size > 1:
+        dist.all_reduce(value)
+    return float(value) / world_size
+
+
+def train(args: argparse.Namespace, env: slurmdist.DistEnv, request: CheckpointRequest) -> Dict[str, Any]:
+    """Train to `args.steps` (resuming from `args.checkpoint` if present); return rank 0's result."""
+    if args.batch_size % env.world_size:
+        raise SystemExit(
+            f"train.py: --batch-size {args.batch_size} (global) does not split evenly across {env.world_size} "
+            "ranks; pick a multiple of the world size"
+        )
+    local_batch = args.batch_size // env.world_size
+    data = make_data(args.seed, args.batch_size * args.batches_per_epoch)
+    model = make_model(args.seed).to(env.device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    state = TrainState(model, optimizer, config={"seed": args.seed, "batch_size": args.batch_size,
+                                                 "batches_per_epoch": args.batches_per_epoch, "lr": args.lr})
+    saved = load_checkpoint(args.checkpoint) if args.checkpoint else None
+    if saved is not None:
+        state.load_state_dict(saved)
+        slurmdist.print0(f"resumed from {args.checkpoint} at step {state.step}")
+    ddp = DistributedDataParallel(model, device_ids=env.device_ids)
+    sampler = DistributedSampler(data, num_replicas=env.world_size, rank=env.rank, shuffle=True,
+                                 seed=args.seed, drop_last=True)
+    inputs, targets = data.tensors
+    started = time.monotonic()
+    while state.step < args.steps:
+        indices = step_indices(sampler, state.step, local_batch)
+        loss = nn.functional.mse_loss(ddp(inputs[indices].to(env.device)), targets[indices].to(env.device))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        state.step += 1
+        if state.step % args.log_every == 0 or state.step == args.steps:
+            state.history.append(global_mean(loss, env.world_size))
+            slurmdist.print0(f"step {state.step}/{args.steps}  loss {state.history[-1]:.6f}  "
+                             f"({time.monotonic() - started:.1f} s)")
+        due = args.checkpoint_every and state.step % args.checkpoint_every == 0
+        if args.checkpoint and env.is_main and (due or request.requested):
+            save_checkpoint(state, args.checkpoint)
+            request.requested = False
+    if args.checkpoint and env.is_main:
+        save_checkpoint(state, args.checkpoint)
+    return {"world_size": env.world_size, "loss": full_loss(model, data), "checksum": checksum(model),
+            "steps": state.step, "launcher": env.launcher}
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parse_args(argv)
+    request = CheckpointRequest()
+    request.install()
+    try:
+        env = slurmdist.init(backend=args.backend)
+    except slurmdist.SlurmdistError as error:  # a launch mistake: say what to do, no traceback
+        print(f"train.py: {error}", file=sys.stderr)
+        return 2
+    if env.device.type == "cpu":
+        torch.set_num_threads(args.threads)
+    master = f", master {env.master_addr}:{env.master_port}" if env.world_size > 1 else ""
+    slurmdist.print0(f"{env.launcher}: {env.world_size} rank(s) on {env.num_nodes or '?'} node(s), "
+                     f"{env.backend} on {env.device.type}{master}")
+    try:
+        result = train(args, env, request)
+        if env.is_main:
+            if args.out:
+                write_atomically(args.out, lambda stream: stream.write(json.dumps(result, indent=1).encode()))
+            slurmdist.print0(f"done: loss {result['loss']:.6f}  checksum {result['checksum'][:16]}...  "
+                             f"-> {args.out or '(no --out)'}")
+        slurmdist.barrier()  # nobody tears the group down while rank 0 still writes
+    finally:
+        slurmdist.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,45 @@
+#!/bin/bash
+# Train examples/train.py with mpirun inside the allocation: 2 nodes x 4 GPUs, one MPI rank per GPU.
+# For sites whose MPI is the launcher of habit. mpirun reads the allocation itself (node list, tasks per node)
+# and starts its daemons with srun; slurmdist.init() reads the MPI rank variables, so train.py is unchanged.
+# Written for Open MPI's mpirun; for MPICH / Intel MPI use `mpirun -np N -ppn 4` instead of --map-by.
+#
+#   sbatch sbatch/train_mpirun.sh
+#   TRAIN_STEPS=20 sbatch --cpus-per-task=2 sbatch/train_mpirun.sh
+#
+#SBATCH --job-name=train_mpirun
+#SBATCH --nodes=2                 # two machines
+#SBATCH --ntasks-per-node=4       # MPI slots per node: one rank per GPU
+#SBATCH --gpus-per-node=4         # every rank on a node sees the node's four GPUs; slurmdist picks by local rank
+#SBATCH --cpus-per-task=8         # cores per rank
+#SBATCH --time=00:30:00           # hh:mm:ss
+#SBATCH --output=%x-%j.out        # %x = job name, %j = job id; the directory must already exist
+
+set -euo pipefail
+cd "${SLURM_SUBMIT_DIR:-.}"
+
+# If your site loads MPI as a module, do it here, e.g.: module load openmpi
+PYTHON=${PYTHON:-python}
+TRAIN_STEPS=${TRAIN_STEPS:-200}
+TRAIN_DIR=${TRAIN_DIR:-runs/${SLURM_JOB_NAME}-${SLURM_JOB_ID}}
+mkdir -p "$TRAIN_DIR"
+
+# Open MPI's libfabric transport is slow to start and unused by torch (gloo/nccl do the talking); MPI here only
+# starts the processes. Comment out to keep your site's transports.
+export OMPI_MCA_btl=${OMPI_MCA_btl:-^ofi}
+
+# These expand once, here in the batch script: job-wide values. Inside the ranks SLURM_PROCID is the srun task
+# id of mpirun's daemon (one per node), not the MPI rank: slurmdist reads OMPI_COMM_WORLD_RANK instead.
+echo "job $SLURM_JOB_ID: mpirun on $SLURM_NNODES nodes ($SLURM_JOB_NODELIST), $SLURM_NTASKS ranks"
+
+# -np: every slot of the allocation. --map-by ppr:N:node: N ranks per node, filled node by node (rank order
+# follows nodes). --bind-to none: leave the cores Slurm gave the job to torch's own threads.
+mpirun -np "$SLURM_NTASKS" \
+    --map-by "ppr:${SLURM_NTASKS_PER_NODE:-4}:node" \
+    --bind-to none \
+    "$PYTHON" examples/train.py \
+    --steps "$TRAIN_STEPS" \
+    --checkpoint "$TRAIN_DIR/checkpoint.pt" \
+    --out "$TRAIN_DIR/result.json"
+
+echo "result: $TRAIN_DIR/result.json"

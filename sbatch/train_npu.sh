@@ -1,0 +1,52 @@
+#!/bin/bash
+# Train examples/train.py on Ascend NPUs: 2 nodes x 8 NPUs, one srun task per NPU, hccl.
+# Needs torch_npu (it registers the npu device and the hccl backend) and the CANN toolkit on every node.
+#
+#   sbatch sbatch/train_npu.sh
+#
+#SBATCH --job-name=train_npu
+#SBATCH --nodes=2                 # two machines
+#SBATCH --ntasks-per-node=8       # one task per NPU (Atlas 800 training servers have 8)
+#SBATCH --gres=npu:8              # the GRES name your site gave its NPUs: check `scontrol show node`
+#SBATCH --cpus-per-task=24        # cores per rank: about (cores per node) / 8
+#SBATCH --time=00:30:00           # hh:mm:ss
+#SBATCH --signal=USR2@120         # SIGUSR2 to every task 120 s before the limit: train.py checkpoints
+#SBATCH --requeue                 # after a node failure or preemption, run again (and resume)
+#SBATCH --output=%x-%j.out        # %x = job name, %j = job id; the directory must already exist
+
+set -euo pipefail
+
+# Slurm >= 22.05: srun no longer inherits --cpus-per-task from the allocation; hand it on explicitly.
+export SRUN_CPUS_PER_TASK=${SLURM_CPUS_PER_TASK:-1}
+cd "${SLURM_SUBMIT_DIR:-.}"
+
+# CANN's environment (library paths for torch_npu and hccl). The path is the toolkit's default; set
+# ASCEND_TOOLKIT_ENV if your site installed it elsewhere. set_env.sh reads unset variables: relax -u for it.
+ASCEND_TOOLKIT_ENV=${ASCEND_TOOLKIT_ENV:-/usr/local/Ascend/ascend-toolkit/set_env.sh}
+if [[ -f $ASCEND_TOOLKIT_ENV ]]; then
+    set +u
+    # shellcheck source=/dev/null
+    source "$ASCEND_TOOLKIT_ENV"
+    set -u
+fi
+
+# hccl's own timeouts (seconds): connecting to the other NPUs, and one collective. Bounded, never forever.
+export HCCL_CONNECT_TIMEOUT=${HCCL_CONNECT_TIMEOUT:-600}
+export HCCL_EXEC_TIMEOUT=${HCCL_EXEC_TIMEOUT:-1800}
+
+PYTHON=${PYTHON:-python}
+TRAIN_STEPS=${TRAIN_STEPS:-200}
+TRAIN_DIR=${TRAIN_DIR:-runs/${SLURM_JOB_NAME}-${SLURM_JOB_ID}}
+mkdir -p "$TRAIN_DIR"
+echo "job $SLURM_JOB_ID: $SLURM_NNODES nodes ($SLURM_JOB_NODELIST), $SLURM_NTASKS tasks on NPUs"
+
+# --backend hccl: fail at once with a clear message if torch_npu is missing, instead of training on CPU.
+# slurmdist picks the NPU from SLURM_LOCALID (and ASCEND_RT_VISIBLE_DEVICES if Slurm restricted it).
+srun --kill-on-bad-exit=1 "$PYTHON" examples/train.py \
+    --backend hccl \
+    --steps "$TRAIN_STEPS" \
+    --checkpoint "$TRAIN_DIR/checkpoint.pt" \
+    --checkpoint-every 50 \
+    --out "$TRAIN_DIR/result.json"
+
+echo "result: $TRAIN_DIR/result.json"

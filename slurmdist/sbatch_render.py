@@ -1,0 +1,241 @@
+"""`slurmdist sbatch`: render a job script from options, for users who want their own.
+
+    slurmdist sbatch --nodes 2 --gpus-per-node 4 --time 2:00:00 -- python train.py --lr 0.1 > job.sh
+    slurmdist sbatch --nodes 2 --gpus-per-node 4 -- python train.py | sbatch     # sbatch reads stdin
+
+Why it is careful: a job script is a shell program, and what a user types (a job name, a command argument
+with quotes or `$(...)`) must arrive as data, never run as code. Every command word is shell-quoted, and
+`#SBATCH` values, which sbatch parses itself and which a newline would turn into a shell line, must match a
+strict pattern or the command exits 2 naming the option.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shlex
+import sys
+from dataclasses import dataclass, replace
+from typing import Any, List, Optional, Sequence, Tuple
+
+from .errors import SlurmdistError
+
+LAUNCHERS = ("srun", "torchrun", "mpirun")
+DEVICES = ("gpu", "npu", "cpu")
+
+# What each #SBATCH value may contain. Narrow on purpose: these are the characters real partition,
+# account and job names and Slurm's filename patterns (%j, %x, %A, %a) use, and none of them is special to
+# sbatch's own #SBATCH parser (quotes, '#', whitespace) or to the shell.
+_NAME = re.compile(r"[A-Za-z0-9_.+-]+(,[A-Za-z0-9_.+-]+)*")
+_TIME = re.compile(r"\d+(-\d+)?(:\d+){0,2}|\d+-\d+(:\d+)?")
+_PATH = re.compile(r"[A-Za-z0-9_./%+-]+")
+_SIGNAL = re.compile(r"(B:)?[A-Z0-9]+(@\d+)?")
+
+
+class SbatchError(SlurmdistError):
+    """An option `slurmdist sbatch` cannot put into a job script safely or meaningfully."""
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """What the rendered script asks Slurm for and runs. `command` is argv: it is quoted, never parsed."""
+
+    command: Tuple[str, ...]
+    nodes: int = 1
+    gpus_per_node: int = 0
+    tasks_per_node: Optional[int] = None  # default: one per GPU (one per node under torchrun), else 1
+    cpus_per_task: Optional[int] = None
+    time: str = "01:00:00"
+    partition: Optional[str] = None
+    account: Optional[str] = None
+    job_name: str = "train"
+    output: str = "%x-%j.out"
+    launcher: str = "srun"
+    device: str = "gpu"
+    signal: Optional[str] = "USR2@120"
+    requeue: bool = True
+
+
+# --- validation ------------------------------------------------------------------------------------------
+
+
+def _check(option: str, value: Optional[str], pattern: "re.Pattern[str]", example: str) -> None:
+    if value is not None and not pattern.fullmatch(value):
+        raise SbatchError(f"--{option} {value!r} is not allowed in an #SBATCH line: use letters, digits and "
+                          f"{example}")
+
+
+def validate(spec: JobSpec) -> JobSpec:
+    """The spec with defaults filled in, or a `SbatchError` naming the first bad option."""
+    if not spec.command:
+        raise SbatchError("slurmdist sbatch needs a command after --, e.g. `-- python train.py --lr 0.1`")
+    if spec.launcher not in LAUNCHERS:
+        raise SbatchError(f"--launcher {spec.launcher!r}: use one of {', '.join(LAUNCHERS)}")
+    if spec.device not in DEVICES:
+        raise SbatchError(f"--device {spec.device!r}: use one of {', '.join(DEVICES)}")
+    for option in ("nodes", "gpus_per_node", "tasks_per_node", "cpus_per_task"):
+        value = getattr(spec, option)
+        minimum = 0 if option == "gpus_per_node" else 1
+        if value is not None and value < minimum:
+            raise SbatchError(f"--{option.replace('_', '-')} must be at least {minimum}, got {value}")
+    if any("\0" in word for word in spec.command):
+        raise SbatchError("the command contains a NUL byte, which no shell can pass on")
+    _check("job-name", spec.job_name, _NAME, "_ . + -")
+    _check("partition", spec.partition, _NAME, "_ . + - (a comma-separated list is fine)")
+    _check("account", spec.account, _NAME, "_ . + -")
+    _check("time", spec.time, _TIME, "Slurm's formats: MINUTES, HH:MM:SS, D-HH:MM:SS")
+    _check("output", spec.output, _PATH, "_ . / % + - (%x job name, %j job id)")
+    _check("signal", spec.signal, _SIGNAL, "Slurm's format: [B:]SIGNAL[@SECONDS], e.g. USR2@120")
+    if spec.launcher == "torchrun":
+        if spec.tasks_per_node not in (None, 1):
+            raise SbatchError("--launcher torchrun runs one srun task per node (torchrun starts the workers): "
+                              "drop --tasks-per-node and use --gpus-per-node or --workers-per-node")
+        if re.fullmatch(r"python[0-9.]*", spec.command[0].rsplit("/", 1)[-1]):
+            raise SbatchError("--launcher torchrun starts Python itself: pass the script and its arguments, "
+                              "e.g. `-- train.py --lr 0.1`")
+    tasks = spec.tasks_per_node
+    if tasks is None:
+        tasks = 1 if spec.launcher == "torchrun" else max(spec.gpus_per_node, 1)
+    return replace(spec, tasks_per_node=tasks)
+
+
+# --- rendering (pure) ------------------------------------------------------------------------------------
+
+
+def render(spec: JobSpec, workers_per_node: Optional[int] = None) -> str:
+    """The job script for a validated `spec`. `workers_per_node` only matters under torchrun."""
+    spec = validate(spec)
+    lines = ["#!/bin/bash", "# Rendered by `slurmdist sbatch`. Submit with: sbatch THIS_FILE", "#"]
+    lines += [f"#SBATCH {option}" for option in sbatch_options(spec)]
+    lines += [
+        "",
+        "set -euo pipefail",
+        "# Slurm >= 22.05: srun no longer inherits --cpus-per-task from the allocation; hand it on.",
+        'export SRUN_CPUS_PER_TASK=${SLURM_CPUS_PER_TASK:-1}',
+        'cd "${SLURM_SUBMIT_DIR:-.}"',
+        'echo "job $SLURM_JOB_ID: $SLURM_NNODES node(s) ($SLURM_JOB_NODELIST), $SLURM_NTASKS task(s)"',
+        "",
+    ]
+    if any(mark in word for word in spec.command for mark in ("$", "`")):
+        # The command's `$`/backticks are quoted on purpose: they reach the program as typed.
+        lines.append("# shellcheck disable=SC2016")
+    lines += launch_lines(spec, workers_per_node)
+    return "\n".join(lines) + "\n"
+
+
+def sbatch_options(spec: JobSpec) -> List[str]:
+    """The #SBATCH options, in the order a reader looks for them."""
+    options = [f"--job-name={spec.job_name}", f"--nodes={spec.nodes}", f"--ntasks-per-node={spec.tasks_per_node}"]
+    if spec.gpus_per_node and spec.device == "gpu":
+        options.append(f"--gpus-per-node={spec.gpus_per_node}")
+    elif spec.gpus_per_node and spec.device == "npu":
+        options.append(f"--gres=npu:{spec.gpus_per_node}")
+    if spec.cpus_per_task:
+        options.append(f"--cpus-per-task={spec.cpus_per_task}")
+    options.append(f"--time={spec.time}")
+    options += [f"--{name}={value}" for name, value in (("partition", spec.partition), ("account", spec.account))
+                if value]
+    if spec.signal and spec.launcher == "srun":  # torchrun's agent and mpirun do not pass SIGUSR2 on
+        options.append(f"--signal={spec.signal}")
+    if spec.requeue:
+        options.append("--requeue")
+    options.append(f"--output={spec.output}")
+    return options
+
+
+def quote_command(words: Sequence[str]) -> str:
+    """argv as one shell-safe string: `$(...)`, backticks, quotes, `;` and newlines stay literal text."""
+    return " ".join(shlex.quote(word) for word in words)
+
+
+def launch_lines(spec: JobSpec, workers_per_node: Optional[int]) -> List[str]:
+    command = quote_command(spec.command)
+    if spec.launcher == "srun":
+        return ["# One task per GPU: slurmdist.init() reads SLURM_PROCID / SLURM_LOCALID in each.",
+                f"srun --kill-on-bad-exit=1 {command}"]
+    if spec.launcher == "mpirun":
+        return ["# mpirun reads the allocation and starts its daemons with srun; slurmdist reads the MPI ranks.",
+                f'mpirun -np "$SLURM_NTASKS" --map-by ppr:{spec.tasks_per_node}:node --bind-to none {command}']
+    workers = workers_per_node or max(spec.gpus_per_node, 1)
+    return [
+        "# torchrun, one per node; the c10d rendezvous is hosted on the first node, at its Slurm NodeAddr.",
+        'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        "head_addr=$(scontrol -o show node \"$head_node\" | grep -o 'NodeAddr=[^ ]*' | cut -d= -f2)",
+        "head_addr=${head_addr:-$head_node}",
+        "rdzv_port=$((20000 + SLURM_JOB_ID % 10000))",
+        "# Escaped \\$ expands inside each task (its own node); the rest expands here, once.",
+        'srun --kill-on-bad-exit=1 bash -c "',
+        "    addr=\\$(scontrol -o show node \\\"\\$SLURMD_NODENAME\\\" | grep -o 'NodeAddr=[^ ]*' | cut -d= -f2)",
+        '    exec torchrun --nnodes=$SLURM_NNODES --nproc-per-node=' + str(workers) + ' \\',
+        "        --rdzv-backend=c10d --rdzv-endpoint=$head_addr:$rdzv_port --rdzv-id=$SLURM_JOB_ID \\",
+        '        --rdzv-conf=is_host=\\$((SLURM_NODEID == 0)) --local-addr=\\"\\${addr:-\\$SLURMD_NODENAME}\\" \\',
+        f'        \\"\\$@\\"" torchrun {command}',
+    ]
+
+
+# --- command line ----------------------------------------------------------------------------------------
+
+
+def register(subparsers: Any) -> None:
+    """Add the `sbatch` subcommand to the `slurmdist` parser."""
+    parser = subparsers.add_parser(
+        "sbatch",
+        help="print a job script for a multi-node training run (pipe it to sbatch)",
+        description="Render an sbatch script that starts COMMAND on every GPU of every node. Every word of "
+        "COMMAND is shell-quoted: it runs as typed, nothing in it is expanded by the shell.",
+    )
+    parser.add_argument("--nodes", "-N", type=int, default=1)
+    parser.add_argument("--gpus-per-node", "-G", type=int, default=0, help="GPUs (or NPUs) per node")
+    parser.add_argument("--tasks-per-node", type=int, help="default: one per GPU (1 under torchrun)")
+    parser.add_argument("--workers-per-node", type=int, help="torchrun workers per node (default: GPUs per node)")
+    parser.add_argument("--cpus-per-task", "-c", type=int)
+    parser.add_argument("--time", "-t", default="01:00:00", help="HH:MM:SS or D-HH:MM:SS")
+    parser.add_argument("--partition", "-p")
+    parser.add_argument("--account", "-A")
+    parser.add_argument("--job-name", "-J", default="train")
+    parser.add_argument("--output", default="%x-%j.out", help="log file pattern (%%x job name, %%j job id)")
+    parser.add_argument("--launcher", choices=LAUNCHERS, default="srun")
+    parser.add_argument("--device", choices=DEVICES, default="gpu", help="npu: ask for --gres=npu:N")
+    parser.add_argument("--signal", default="USR2@120", help="warning signal before the time limit ('' for none)")
+    parser.add_argument("--no-requeue", dest="requeue", action="store_false")
+    parser.add_argument("--write", metavar="FILE", help="write the script to FILE instead of stdout")
+    parser.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARGS...]")
+    parser.set_defaults(handler=_sbatch)
+
+
+def spec_from_args(args: argparse.Namespace) -> JobSpec:
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    return JobSpec(
+        command=tuple(command),
+        nodes=args.nodes,
+        gpus_per_node=args.gpus_per_node,
+        tasks_per_node=args.tasks_per_node,
+        cpus_per_task=args.cpus_per_task,
+        time=args.time,
+        partition=args.partition,
+        account=args.account,
+        job_name=args.job_name,
+        output=args.output,
+        launcher=args.launcher,
+        device=args.device,
+        signal=args.signal or None,
+        requeue=args.requeue,
+    )
+
+
+def _sbatch(args: argparse.Namespace) -> int:
+    if args.workers_per_node is not None and args.workers_per_node < 1:
+        raise SbatchError(f"--workers-per-node must be at least 1, got {args.workers_per_node}")
+    script = render(spec_from_args(args), args.workers_per_node)
+    if args.write:
+        try:
+            with open(args.write, "w") as stream:
+                stream.write(script)
+        except OSError as error:
+            raise SbatchError(f"cannot write {args.write}: {error.strerror}") from None
+        print(f"wrote {args.write}; submit with: sbatch {shlex.quote(args.write)}", file=sys.stderr)
+    else:
+        sys.stdout.write(script)
+    return 0

@@ -1,0 +1,117 @@
+"""examples/train.py in one process: the pieces that make every launcher agree (sample order, checkpoints).
+
+The multi-process runs (srun, sbatch, mpirun, torchrun, ...) are in tests/integration/test_launcher_matrix.py.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+TRAIN = Path(__file__).resolve().parents[2] / "examples" / "train.py"
+LAUNCHER_PREFIXES = ("SLURM_", "OMPI_", "PMI_", "PMIX_", "TORCHELASTIC_", "SUBMITIT_", "MV2_", "PALS_", "FLUX_")
+LAUNCHER_NAMES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                  "GROUP_RANK", "SLURMDIST_LAUNCHER")
+
+
+@pytest.fixture(scope="module")
+def train():
+    spec = importlib.util.spec_from_file_location("example_train", TRAIN)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class is created
+    spec.loader.exec_module(module)
+    yield module
+    sys.modules.pop(spec.name, None)
+
+
+@pytest.fixture
+def single(monkeypatch):
+    """This process as a plain `python train.py`, whatever launched pytest."""
+    for name in list(os.environ):
+        if name.startswith(LAUNCHER_PREFIXES) or name in LAUNCHER_NAMES:
+            monkeypatch.delenv(name)
+
+
+def run(train, tmp_path: Path, name: str, *args: str) -> dict:
+    out = tmp_path / f"{name}.json"
+    assert train.main(["--steps", "6", "--log-every", "3", "--out", str(out), *args]) == 0
+    return json.loads(out.read_text())
+
+
+def test_result_json_has_world_size_loss_and_checksum(train, single, tmp_path):
+    result = run(train, tmp_path, "plain")
+    assert result["world_size"] == 1
+    assert result["loss"] > 0
+    assert len(result["checksum"]) == 64 and int(result["checksum"], 16) >= 0
+    assert run(train, tmp_path, "again") == result  # deterministic
+
+
+def test_resuming_from_a_checkpoint_gives_the_same_parameters(train, single, tmp_path):
+    straight = run(train, tmp_path, "straight")
+    checkpoint = tmp_path / "ckpt.pt"
+    first = run(train, tmp_path, "first", "--steps", "4", "--checkpoint", str(checkpoint))
+    assert first["steps"] == 4 and checkpoint.exists()
+    resumed = run(train, tmp_path, "resumed", "--checkpoint", str(checkpoint))
+    assert resumed["steps"] == 6
+    assert resumed["checksum"] == straight["checksum"]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp files left behind
+
+
+def test_a_checkpoint_from_another_run_is_refused(train, single, tmp_path):
+    checkpoint = tmp_path / "ckpt.pt"
+    run(train, tmp_path, "seed0", "--checkpoint", str(checkpoint))
+    with pytest.raises(SystemExit, match="different run"):
+        run(train, tmp_path, "seed1", "--seed", "1", "--checkpoint", str(checkpoint))
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 4, 6, 8])
+def test_every_world_size_sees_the_same_global_batches(train, world_size):
+    """Rank r's local batch i, over all ranks, is exactly the one-process batch i: same samples, same loss."""
+    data = train.make_data(0, 48 * 3)
+    single_rank = train.DistributedSampler(data, num_replicas=1, rank=0, shuffle=True, seed=0, drop_last=True)
+    ranks = [train.DistributedSampler(data, num_replicas=world_size, rank=r, shuffle=True, seed=0, drop_last=True)
+             for r in range(world_size)]
+    for step in range(7):  # crosses an epoch boundary: 3 steps per epoch
+        whole = train.step_indices(single_rank, step, 48)
+        parts = [train.step_indices(sampler, step, 48 // world_size) for sampler in ranks]
+        assert sorted(i for part in parts for i in part) == sorted(whole)
+
+
+def test_batch_size_must_split_evenly(train, single, tmp_path):
+    env = train.slurmdist.DistEnv(launcher="single", rank=0, local_rank=0, world_size=5, local_world_size=5,
+                                  node_rank=0, num_nodes=1, master_addr=None, master_port=None, job_id=None)
+    with pytest.raises(SystemExit, match="does not split evenly across 5 ranks"):
+        train.train(train.parse_args(["--batch-size", "48"]), env, train.CheckpointRequest())
+
+
+def test_the_warning_signal_requests_a_checkpoint_and_does_not_kill(train):
+    request = train.CheckpointRequest()
+    previous = signal.getsignal(train.CHECKPOINT_SIGNAL)
+    try:
+        request.install()
+        os.kill(os.getpid(), train.CHECKPOINT_SIGNAL)
+        assert request.requested
+    finally:
+        signal.signal(train.CHECKPOINT_SIGNAL, previous)
+
+
+def test_atomic_write_keeps_the_old_file_when_writing_fails(train, tmp_path):
+    target = tmp_path / "result.json"
+    target.write_text("old")
+
+    def fail(stream):
+        stream.write(b"half")
+        raise OSError("disk full")
+
+    with pytest.raises(OSError):
+        train.write_atomically(target, fail)
+    assert target.read_text() == "old"
+    assert [p.name for p in tmp_path.iterdir()] == ["result.json"]

@@ -1,0 +1,158 @@
+"""`slurmdist sbatch`: rendered scripts ask for what was given, and nothing a user types ever runs as code.
+
+The canary tests execute the rendered script with bash, with `srun`/`mpirun`/`torchrun`/`scontrol` replaced
+by stubs that record their argv: the command must arrive word for word, and no canary file may appear.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+from pathlib import Path
+from typing import List
+
+import pytest
+
+from slurmdist import cli
+from slurmdist.sbatch_render import JobSpec, SbatchError, render, validate
+
+# Each must stay one literal argument. If any were executed, it would create CANARY.
+NASTY = [
+    "$(touch {canary})",
+    "`touch {canary}`",
+    "'; touch {canary}; echo '",
+    '"; touch {canary}; echo "',
+    "x\ntouch {canary}",
+    "a;touch {canary}",
+    "${{IFS}}touch${{IFS}}{canary}",
+    "--flag=$(touch {canary})",
+    "it's",
+    "",
+]
+
+
+def nasty_words(canary: Path) -> List[str]:
+    return [word.format(canary=canary) for word in NASTY]
+
+
+def stub_bin(directory: Path, record: Path) -> Path:
+    """Stubs for the launchers: each appends its name and argv (NUL-separated) to `record`."""
+    directory.mkdir()
+    for name in ("srun", "mpirun", "torchrun"):
+        path = directory / name
+        path.write_text(f'#!/bin/bash\nprintf "%s\\0" {name} "$@" >> "{record}"\nprintf "\\n\\0" >> "{record}"\n')
+        path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    scontrol = directory / "scontrol"  # `show hostnames` and `show node` for the torchrun head address
+    scontrol.write_text('#!/bin/bash\nif [[ $* == *hostnames* ]]; then echo node1;'
+                        ' else echo "NodeName=node1 NodeAddr=10.0.0.1 State=IDLE"; fi\n')
+    scontrol.chmod(scontrol.stat().st_mode | stat.S_IXUSR)
+    return directory
+
+
+def run_script(script: str, tmp_path: Path) -> List[List[str]]:
+    """Run `script` with bash as a Slurm batch step would; return each stub call's argv."""
+    record = tmp_path / "calls"
+    bin_dir = stub_bin(tmp_path / "bin", record)
+    path = tmp_path / "job.sh"
+    path.write_text(script)
+    env = {
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+        "SLURM_JOB_ID": "42", "SLURM_NNODES": "2", "SLURM_NTASKS": "8", "SLURM_CPUS_PER_TASK": "4",
+        "SLURM_JOB_NODELIST": "node[1-2]", "SLURM_SUBMIT_DIR": str(tmp_path), "SLURMD_NODENAME": "node1",
+        "SLURM_NODEID": "0",
+    }
+    done = subprocess.run(["bash", str(path)], env=env, capture_output=True, text=True, timeout=30, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    calls = record.read_text().split("\n\0") if record.exists() else []
+    return [call.split("\0")[:-1] for call in calls if call]
+
+
+@pytest.mark.parametrize("launcher", ["srun", "mpirun"])
+def test_command_words_arrive_literally_and_never_execute(tmp_path, launcher):
+    canary = tmp_path / "canary"
+    words = ["python", "train.py", *nasty_words(canary)]
+    calls = run_script(render(JobSpec(command=tuple(words), nodes=2, gpus_per_node=4, launcher=launcher)), tmp_path)
+    assert not canary.exists()
+    assert len(calls) == 1
+    assert calls[0][0] == launcher
+    assert calls[0][-len(words):] == words
+
+
+def test_torchrun_passes_the_script_and_its_arguments_through_the_per_node_shell(tmp_path):
+    canary = tmp_path / "canary"
+    words = ["train.py", *nasty_words(canary)]
+    spec = JobSpec(command=tuple(words), nodes=2, gpus_per_node=4, launcher="torchrun")
+    # srun's stub records its argv; run the `bash -c` it was given the way srun would on node 0.
+    [call] = run_script(render(spec), tmp_path)
+    assert call[:3] == ["srun", "--kill-on-bad-exit=1", "bash"]
+    inner = subprocess.run(call[2:], env={**os.environ, "PATH": f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}",
+                                          "SLURMD_NODENAME": "node1", "SLURM_NODEID": "0"},
+                           capture_output=True, text=True, timeout=30)
+    assert inner.returncode == 0, inner.stderr
+    torchrun_call = (tmp_path / "calls").read_text().split("\n\0")[1].split("\0")[:-1]
+    assert not canary.exists()
+    assert torchrun_call[-len(words):] == words
+    assert "--nnodes=2" in torchrun_call and "--nproc-per-node=4" in torchrun_call
+    assert "--rdzv-endpoint=10.0.0.1:20042" in torchrun_call  # NodeAddr of the first node, port from job id
+    assert "--rdzv-conf=is_host=1" in torchrun_call and "--local-addr=10.0.0.1" in torchrun_call
+
+
+@pytest.mark.parametrize("option,value", [
+    ("job_name", "a;touch x"), ("job_name", "name\n#SBATCH --wrap=id"), ("job_name", "$(id)"), ("job_name", "a b"),
+    ("job_name", "`id`"), ("job_name", "'q'"), ("partition", "gpu;id"), ("account", "acc\nid"),
+    ("time", "1:00:00; id"), ("time", "$(id)"), ("output", "logs/%j.out\nid"), ("output", "a b.out"),
+    ("signal", "USR2@120 --wrap=id"),
+])
+def test_sbatch_line_values_outside_the_safe_pattern_are_refused(option, value):
+    with pytest.raises(SbatchError, match=option.replace("_", "-")):
+        validate(JobSpec(command=("python", "train.py"), **{option: value}))
+
+
+def test_cli_refuses_with_status_2_and_no_traceback(capsys, tmp_path):
+    canary = tmp_path / "canary"
+    status = cli.main(["sbatch", "--job-name", f"x$(touch {canary})", "--", "python", "train.py"])
+    captured = capsys.readouterr()
+    assert status == 2
+    assert "--job-name" in captured.err and "Traceback" not in captured.err
+    assert captured.out == "" and not canary.exists()
+
+
+@pytest.mark.parametrize("args,message", [
+    ([], "needs a command"),
+    (["--nodes", "0", "--", "python", "t.py"], "--nodes must be at least 1"),
+    (["--launcher", "torchrun", "--", "python", "t.py"], "starts Python itself"),
+    (["--launcher", "torchrun", "--tasks-per-node", "4", "--", "t.py"], "one srun task per node"),
+])
+def test_cli_usage_errors(capsys, args, message):
+    assert cli.main(["sbatch", *args]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_rendered_options_follow_the_request(capsys):
+    assert cli.main(["sbatch", "-N", "2", "-G", "4", "-c", "8", "-t", "2:00:00", "-p", "gpu", "-A", "proj",
+                     "-J", "big-run", "--", "python", "train.py", "--lr", "0.1"]) == 0
+    script = capsys.readouterr().out
+    for line in ("--job-name=big-run", "--nodes=2", "--ntasks-per-node=4", "--gpus-per-node=4",
+                 "--cpus-per-task=8", "--time=2:00:00", "--partition=gpu", "--account=proj",
+                 "--signal=USR2@120", "--requeue"):
+        assert f"#SBATCH {line}\n" in script
+    assert "export SRUN_CPUS_PER_TASK=" in script
+    assert script.rstrip().endswith("srun --kill-on-bad-exit=1 python train.py --lr 0.1")
+
+
+def test_npu_cpu_and_torchrun_layouts():
+    npu = render(JobSpec(command=("python", "t.py"), nodes=2, gpus_per_node=8, device="npu"))
+    assert "#SBATCH --gres=npu:8\n" in npu and "--ntasks-per-node=8\n" in npu and "gpus-per-node" not in npu
+    cpu = render(JobSpec(command=("python", "t.py"), nodes=3, tasks_per_node=2, device="cpu"))
+    assert "--ntasks-per-node=2\n" in cpu and "gres" not in cpu and "gpus" not in cpu
+    torchrun = render(JobSpec(command=("t.py",), nodes=2, gpus_per_node=4, launcher="torchrun"))
+    assert "--ntasks-per-node=1\n" in torchrun and "--signal" not in torchrun  # torchrun's agent dies of it
+
+
+def test_write_to_a_file(tmp_path, capsys):
+    target = tmp_path / "job.sh"
+    assert cli.main(["sbatch", "--write", str(target), "--", "python", "train.py"]) == 0
+    assert target.read_text().startswith("#!/bin/bash\n")
+    assert "sbatch" in capsys.readouterr().err
+    assert cli.main(["sbatch", "--write", str(tmp_path / "missing" / "job.sh"), "--", "python", "t.py"]) == 2
