@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 pytestmark = pytest.mark.integration
@@ -88,3 +90,23 @@ def test_stop_then_start_again(local_cluster):
     cluster.stop()  # stopping a stopped cluster is fine
     cluster.script("start")
     cluster.run(["srun", "-n1", "true"])
+
+
+REQUEUE_ONCE = """#!/bin/sh
+if [ "${SLURM_RESTART_COUNT:-0}" = 0 ]; then
+    scontrol requeue "$SLURM_JOB_ID"
+    sleep 60
+fi
+echo "restarts=$SLURM_RESTART_COUNT" > "$1"
+"""
+
+
+def test_a_job_can_be_requeued(slurm_cluster, tmp_path):
+    script, result = tmp_path / "requeue_once.sh", tmp_path / "result"
+    script.write_text(REQUEUE_ONCE)
+    slurm_cluster.run(["sbatch", "--requeue", "-o", "/dev/null", script, result])
+    deadline = time.monotonic() + 90  # requeue + cred_expire (10 s) + a scheduler pass
+    while "\n" not in (result.read_text() if result.exists() else "") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert result.exists(), slurm_cluster.run(["squeue", "-o", "%i %T %r"]).stdout
+    assert result.read_text().strip() == "restarts=1"
