@@ -1,0 +1,179 @@
+"""Which communication backend and device type to use, decided before any network wait.
+
+The decision is a pure function of the request and a `Capabilities` value, so every combination (CUDA, NPU,
+MPI-enabled builds) is tested here on a CPU-only machine. Only `probe()` imports torch (and torch_npu when an
+NPU backend is possible), because importing torch_npu is what registers the `hccl` backend.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from dataclasses import dataclass
+from typing import Any, Dict, Optional
+
+from .errors import BackendError
+
+KNOWN_BACKENDS = ("nccl", "hccl", "mpi", "gloo")
+BACKEND_DEVICE = {"nccl": "cuda", "hccl": "npu", "mpi": "cpu", "gloo": "cpu"}
+DEVICE_TYPES = ("cpu", "cuda", "npu")
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What this torch build and machine offer; `npu_devices` counts only when torch_npu imported."""
+
+    torch_version: str = "?"
+    cuda_build: bool = False
+    cuda_devices: int = 0
+    torch_npu: bool = False
+    npu_devices: int = 0
+    nccl: bool = False
+    mpi: bool = False
+    gloo: bool = True
+    npu_import_error: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class BackendChoice:
+    """The backend string for `init_process_group` and the device type tensors should live on."""
+
+    backend: str
+    device_type: str
+
+
+def probe(requested: str = "auto") -> Capabilities:
+    """Ask torch what it can do. Imports torch_npu only when an NPU backend could be chosen."""
+    import torch
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        raise BackendError(
+            f"torch {torch.__version__} was built without torch.distributed; install a standard PyTorch wheel"
+        )
+    cuda_devices = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    wants_npu = "hccl" in requested or "npu" in requested or (requested == "auto" and cuda_devices == 0)
+    torch_npu, npu_devices, npu_error = False, 0, None
+    if wants_npu and importlib.util.find_spec("torch_npu") is not None:
+        try:
+            importlib.import_module("torch_npu")  # registers torch.npu and the hccl backend
+            torch_npu = True
+            npu = getattr(torch, "npu", None)
+            npu_devices = npu.device_count() if npu is not None and npu.is_available() else 0
+        except Exception as exc:  # a broken CANN install raises all sorts of things at import
+            npu_error = f"{type(exc).__name__}: {exc}"
+    elif wants_npu:
+        npu_error = "torch_npu is not installed"
+    return Capabilities(
+        torch_version=torch.__version__,
+        cuda_build=torch.version.cuda is not None or getattr(torch.version, "hip", None) is not None,
+        cuda_devices=cuda_devices,
+        torch_npu=torch_npu,
+        npu_devices=npu_devices,
+        nccl=dist.is_nccl_available(),
+        mpi=dist.is_mpi_available(),
+        gloo=dist.is_gloo_available(),
+        npu_import_error=npu_error,
+    )
+
+
+def parse_backend(requested: str) -> Dict[str, str]:
+    """`"nccl"` -> {"": "nccl"}; torch's `"cpu:gloo,cuda:nccl"` -> {"cpu": "gloo", "cuda": "nccl"}."""
+    text = requested.strip().lower()
+    if ":" not in text:
+        if text not in KNOWN_BACKENDS:
+            raise BackendError(
+                f"unknown backend {requested!r}; use 'auto', one of {', '.join(KNOWN_BACKENDS)}, "
+                "or torch's per-device form such as 'cpu:gloo,cuda:nccl'"
+            )
+        return {"": text}
+    mapping: Dict[str, str] = {}
+    for part in text.split(","):
+        device_type, sep, name = part.partition(":")
+        device_type, name = device_type.strip(), name.strip()
+        if not sep or device_type not in DEVICE_TYPES or name not in KNOWN_BACKENDS:
+            raise BackendError(
+                f"cannot read {part!r} in backend {requested!r}; write DEVICE:BACKEND pairs separated by "
+                f"commas, DEVICE in {', '.join(DEVICE_TYPES)}, BACKEND in {', '.join(KNOWN_BACKENDS)}"
+            )
+        mapping[device_type] = name
+    return mapping
+
+
+def _missing_advice(caps: Capabilities) -> Dict[str, "tuple[bool, str]"]:
+    """Backend -> (available?, what to install or build when not)."""
+    npu_reason = caps.npu_import_error or "not importable"
+    build = f"this torch ({caps.torch_version}{', a CPU-only build' if not caps.cuda_build else ''})"
+    return {
+        "nccl": (caps.nccl, f"backend 'nccl' is not built into {build}; install a CUDA (or ROCm) build of PyTorch "
+                 "from https://pytorch.org/get-started/locally/, or pass backend='gloo' (or 'auto')"),
+        "mpi": (caps.mpi, f"backend 'mpi' is not built into {build}: PyPI and conda wheels never include it. "
+                "Build PyTorch from source with USE_DISTRIBUTED=1 USE_MPI=1 and your cluster's mpicc on PATH, "
+                "or pass backend='auto' (gloo/nccl still start fine under mpirun)"),
+        "hccl": (caps.torch_npu, f"backend 'hccl' needs Ascend's torch_npu ({npu_reason}); pip install torch-npu matching torch {caps.torch_version}, source the CANN "
+                 "set_env.sh, or pass backend='auto'"),
+        "gloo": (caps.gloo, f"backend 'gloo' is not built into {build}; install a standard PyTorch wheel or "
+                 "choose another backend"),
+    }
+
+
+def check_available(name: str, caps: Capabilities) -> None:
+    """Raise a `BackendError` saying what to install or build when this torch lacks `name`."""
+    available, advice = _missing_advice(caps)[name]
+    if not available:
+        raise BackendError(advice)
+
+
+def choose(requested: str, caps: Capabilities, device: Optional[str] = None) -> BackendChoice:
+    """Pick the backend and device type. `device` ('cpu', 'cuda', 'npu') overrides the device type.
+
+    auto: CUDA devices -> nccl, NPUs under torch_npu -> hccl, otherwise gloo on the CPU.
+    """
+    if requested == "auto":
+        if caps.cuda_devices > 0 and caps.nccl and device in (None, "cuda"):
+            choice = BackendChoice("nccl", "cuda")
+        elif caps.npu_devices > 0 and device in (None, "npu"):
+            choice = BackendChoice("hccl", "npu")
+        else:
+            choice = BackendChoice("gloo", device or "cpu")
+    else:
+        mapping = parse_backend(requested)
+        for name in mapping.values():
+            check_available(name, caps)
+        if "" in mapping:
+            choice = BackendChoice(mapping[""], device or BACKEND_DEVICE[mapping[""]])
+            return _checked(choice, caps)
+        accelerators = [d for d in ("cuda", "npu") if d in mapping and _count(d, caps) > 0]
+        device_type = device or (accelerators[0] if accelerators else "cpu")
+        choice = BackendChoice(requested.strip().lower(), device_type)
+    return _checked(choice, caps)
+
+
+def _count(device_type: str, caps: Capabilities) -> int:
+    return {"cuda": caps.cuda_devices, "npu": caps.npu_devices}.get(device_type, 1)
+
+
+def _checked(choice: BackendChoice, caps: Capabilities) -> BackendChoice:
+    if choice.device_type not in DEVICE_TYPES:
+        raise BackendError(f"unknown device type {choice.device_type!r}; use one of {', '.join(DEVICE_TYPES)}")
+    if _count(choice.device_type, caps) == 0:
+        variable = {"cuda": "CUDA_VISIBLE_DEVICES", "npu": "ASCEND_RT_VISIBLE_DEVICES"}[choice.device_type]
+        raise BackendError(
+            f"backend {choice.backend!r} needs a {choice.device_type} device but this process sees none; "
+            f"check that the job asked for devices (srun --gpus-per-task / --gres) and that {variable} is "
+            "not empty, or pass backend='gloo'"
+        )
+    return choice
+
+
+def split_device(device: Any) -> "tuple[Optional[str], Optional[int]]":
+    """`None`, `'cuda'`, `'cuda:1'` or a `torch.device` -> (type, index or None)."""
+    if device is None:
+        return None, None
+    text = str(device)
+    kind, _, index = text.partition(":")
+    if kind not in DEVICE_TYPES:
+        raise BackendError(f"unknown device {text!r}; use 'cpu', 'cuda', 'npu' or one with an index, 'cuda:1'")
+    if index and not index.isdigit():
+        raise BackendError(f"device index in {text!r} is not a number")
+    return kind, (int(index) if index else None)

@@ -1,0 +1,142 @@
+"""Which accelerator ordinal a process uses: pure functions over the environment and a device count.
+
+The count comes from torch, which already honours `CUDA_VISIBLE_DEVICES` / `ASCEND_RT_VISIBLE_DEVICES`; the
+environment tells whether Slurm narrowed visibility per task (`--gpus-per-task`, `--gpu-bind=per_task`), in
+which case each task's own device is ordinal 0 whatever its local rank. slurmdist reads these variables and
+never writes them: a visibility variable belongs to the user and the scheduler.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Optional, Tuple
+
+from .errors import BackendError
+
+VISIBILITY_VARIABLE = {"cuda": "CUDA_VISIBLE_DEVICES", "npu": "ASCEND_RT_VISIBLE_DEVICES"}
+SHARE_VARIABLE = "SLURMDIST_SHARE_DEVICES"
+TRUE_WORDS = ("1", "true", "yes", "on")
+
+
+@dataclass(frozen=True)
+class DevicePlan:
+    """`device` as a string torch accepts ('cpu', 'cuda:0') and the `device_ids` DDP wants (None on CPU)."""
+
+    device_type: str
+    index: Optional[int]
+
+    @property
+    def device(self) -> str:
+        return self.device_type if self.index is None else f"{self.device_type}:{self.index}"
+
+    @property
+    def device_ids(self) -> Optional[Tuple[int, ...]]:
+        return None if self.index is None else (self.index,)
+
+
+def visible_list(environ: Mapping[str, str], device_type: str) -> Optional[list]:
+    """The entries of the visibility variable, or None when it is unset."""
+    value = environ.get(VISIBILITY_VARIABLE.get(device_type, ""))
+    if value is None:
+        return None
+    return [item for item in value.split(",") if item.strip()]
+
+
+def narrowed_per_task(environ: Mapping[str, str], device_type: str, device_count: int) -> bool:
+    """True when Slurm left this task only its own devices, so local rank must not pick among them.
+
+    Evidence: the step owns more GPUs on this node (`SLURM_STEP_GPUS`, or `SLURM_GPUS_ON_NODE`) than this task
+    sees, or `--gpus-per-task=N` (`SLURM_GPUS_PER_TASK`, which implies `--gpu-bind=per_task:N`) and exactly N
+    are visible.
+    """
+    if device_type != "cuda":
+        return False
+    step_gpus = environ.get("SLURM_STEP_GPUS") or environ.get("SLURM_JOB_GPUS")
+    if step_gpus is not None and len([g for g in step_gpus.split(",") if g.strip()]) > device_count:
+        return True
+    on_node = environ.get("SLURM_GPUS_ON_NODE", "")
+    if on_node.isdigit() and int(on_node) > device_count:
+        return True
+    per_task = environ.get("SLURM_GPUS_PER_TASK", "").rpartition(":")[2]  # "2" or "a100:2"
+    return per_task.isdigit() and int(per_task) == device_count
+
+
+def share_requested(environ: Mapping[str, str]) -> bool:
+    return environ.get(SHARE_VARIABLE, "").strip().lower() in TRUE_WORDS
+
+
+def device_ordinal(
+    device_type: str,
+    local_rank: int,
+    local_world_size: int,
+    device_count: int,
+    environ: Mapping[str, str],
+    share: Optional[bool] = None,
+) -> int:
+    """The ordinal (within what this process sees) that local rank `local_rank` should bind.
+
+    More tasks on a node than visible devices is an error unless sharing was asked for
+    (`SLURMDIST_SHARE_DEVICES=1`), because silently stacking ranks on one GPU is a common, slow mistake.
+    """
+    variable = VISIBILITY_VARIABLE.get(device_type, "")
+    shown = environ.get(variable)
+    if device_count < 1:
+        raise BackendError(
+            f"no {device_type} device is visible to local rank {local_rank} ({variable}={shown!r}); ask the "
+            "scheduler for devices (srun --gpus-per-task=1) or run on the CPU with backend='gloo'"
+        )
+    if narrowed_per_task(environ, device_type, device_count):
+        return 0
+    if local_rank < device_count:
+        return local_rank
+    if share_requested(environ) if share is None else share:
+        return local_rank % device_count
+    raise BackendError(
+        f"{local_world_size} tasks on this node but only {device_count} {device_type} device(s) visible "
+        f"({variable}={shown!r}): local rank {local_rank} has no device of its own. Start one task per device "
+        f"(srun --ntasks-per-node={device_count} --gpus-per-task=1), or set {SHARE_VARIABLE}=1 to let ranks "
+        "share devices"
+    )
+
+
+def plan(
+    device_type: str,
+    local_rank: int,
+    local_world_size: int,
+    device_count: int,
+    environ: Mapping[str, str],
+    index: Optional[int] = None,
+) -> DevicePlan:
+    """The device for this process: CPU has no index; an explicit `index` wins over the local-rank rule."""
+    if device_type == "cpu":
+        return DevicePlan("cpu", None)
+    if index is not None:
+        if not 0 <= index < device_count:
+            raise BackendError(
+                f"{device_type}:{index} asked for, but this process sees {device_count} {device_type} device(s) "
+                f"({VISIBILITY_VARIABLE[device_type]}={environ.get(VISIBILITY_VARIABLE[device_type])!r})"
+            )
+        return DevicePlan(device_type, index)
+    ordinal = device_ordinal(device_type, local_rank, local_world_size, device_count, environ)
+    return DevicePlan(device_type, ordinal)
+
+
+def device_count(device_type: str) -> int:
+    """How many devices of this type torch sees (after the visibility variables). Imports torch."""
+    import torch
+
+    if device_type == "cuda":
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    module = getattr(torch, device_type, None)
+    return module.device_count() if module is not None and module.is_available() else 0
+
+
+def bind(device_plan: DevicePlan) -> object:
+    """Make the planned device current (the one side effect here) and return the `torch.device`."""
+    import torch
+
+    if device_plan.device_type == "cuda":
+        torch.cuda.set_device(device_plan.index)
+    elif device_plan.device_type == "npu":
+        torch.npu.set_device(device_plan.index)  # type: ignore[attr-defined]  # registered by torch_npu
+    return torch.device(device_plan.device)

@@ -1,0 +1,107 @@
+"""Rank-aware printing and logging: the few lines every distributed script writes by hand.
+
+The rank comes from `init()` when it ran, else from the launcher's variables (no torch import), so these
+helpers work in a data-loading subprocess or before the group exists. They never raise on a strange
+environment: a log line is not worth crashing a job for.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Mapping, MutableMapping, Optional, Tuple
+
+from . import process_group
+from .errors import SlurmdistError
+
+RANK_VARIABLES = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK")
+SIZE_VARIABLES = ("WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
+
+
+def rank_and_size(environ: Optional[Mapping[str, str]] = None) -> Tuple[int, int]:
+    """(rank, world size) of this process: from `init()`, else `detect()`, else the first rank variable."""
+    if environ is None and process_group.is_initialized():
+        env = process_group.get_env()
+        return env.rank, env.world_size
+    environ = os.environ if environ is None else environ
+    try:
+        from .detection import detect
+
+        env = detect(environ)
+        return env.rank, env.world_size
+    except (ImportError, SlurmdistError, ValueError):
+        rank = next((environ[v] for v in RANK_VARIABLES if environ.get(v, "").isdigit()), "0")
+        size = next((environ[v] for v in SIZE_VARIABLES if environ.get(v, "").isdigit()), "1")
+        return int(rank), int(size)
+
+
+def prefix(rank: int, world_size: int) -> str:
+    return f"[rank {rank}/{world_size}]"
+
+
+def print0(*args: Any, **kwargs: Any) -> None:
+    """`print` on global rank 0 only (same arguments as `print`); `flush=True` unless told otherwise."""
+    if rank_and_size()[0] == 0:
+        kwargs.setdefault("flush", True)
+        print(*args, **kwargs)
+
+
+class RankFilter(logging.Filter):
+    """Prefix records with `[rank R/W]` and, with `main_only=True`, drop non-zero ranks' records below
+    `others_level` (warnings and errors from every rank still get through by default).
+
+    Adds `record.rank`, `record.world_size` and `record.rank_prefix` for format strings. Attach it to a
+    handler (`handler.addFilter(RankFilter())`); set `prefix_message=False` when the format uses
+    `%(rank_prefix)s` itself.
+    """
+
+    def __init__(
+        self,
+        *,
+        main_only: bool = False,
+        others_level: int = logging.WARNING,
+        prefix_message: bool = True,
+        rank: Optional[int] = None,
+        world_size: Optional[int] = None,
+    ) -> None:
+        super().__init__()
+        self.main_only = main_only
+        self.others_level = others_level
+        self.prefix_message = prefix_message
+        self._fixed = (rank, world_size) if rank is not None and world_size is not None else None
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        rank, world_size = self._fixed or rank_and_size()
+        if self.main_only and rank != 0 and record.levelno < self.others_level:
+            return False
+        record.rank, record.world_size = rank, world_size
+        record.rank_prefix = prefix(rank, world_size)
+        if self.prefix_message and not getattr(record, "_slurmdist_prefixed", False):
+            record.msg = f"{record.rank_prefix} {record.msg}"
+            record._slurmdist_prefixed = True
+        return True
+
+
+class RankAdapter(logging.LoggerAdapter):
+    """A logger whose messages start with `[rank R/W]`; with `main_only`, non-zero ranks log only at
+    `others_level` and above."""
+
+    def __init__(self, logger: logging.Logger, main_only: bool = False, others_level: int = logging.WARNING):
+        super().__init__(logger, {})
+        self.main_only = main_only
+        self.others_level = others_level
+
+    def isEnabledFor(self, level: int) -> bool:
+        if self.main_only and level < self.others_level and rank_and_size()[0] != 0:
+            return False
+        return self.logger.isEnabledFor(level)
+
+    def process(self, msg: Any, kwargs: MutableMapping[str, Any]) -> Tuple[Any, MutableMapping[str, Any]]:
+        return f"{prefix(*rank_and_size())} {msg}", kwargs
+
+
+def rank_logger(
+    name: Optional[str] = None, *, main_only: bool = False, others_level: int = logging.WARNING
+) -> RankAdapter:
+    """`log = slurmdist.rank_logger(__name__, main_only=True)`: rank-prefixed, quiet on non-zero ranks."""
+    return RankAdapter(logging.getLogger(name), main_only=main_only, others_level=others_level)

@@ -1,0 +1,212 @@
+"""`init()` / `shutdown()`: the only place slurmdist changes process state (device, process group, atexit).
+
+Order matters: everything that can be decided locally (launcher, backend, device) is decided and checked
+before any network wait, so a missing backend or a wrong device count fails in milliseconds, not after a
+rendezvous timeout.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import os
+import threading
+import time
+import warnings
+from datetime import timedelta
+from typing import Any, Iterator, Mapping, Optional
+
+from . import backends, devices, rendezvous
+from .distenv import DistEnv
+from .errors import SlurmdistError
+
+log = logging.getLogger("slurmdist")
+
+COLLECTIVE_TIMEOUT_VARIABLE = "SLURMDIST_COLLECTIVE_TIMEOUT"
+DEFAULT_COLLECTIVE_TIMEOUT = 1800.0  # torch's own default for gloo; a stuck collective still ends
+
+_lock = threading.Lock()
+_state: dict = {"env": None, "store": None, "generation": 0, "atexit": False, "owned": False}
+
+
+def init(
+    backend: str = "auto",
+    *,
+    timeout: Optional[float] = None,
+    device: Any = None,
+    environ: Optional[Mapping[str, str]] = None,
+) -> DistEnv:
+    """Detect the launch, pick backend and device, bind the device, form the default process group.
+
+    Returns the `DistEnv` with `device`, `device_ids` (for DDP) and `backend` filled. `timeout` (seconds,
+    default `SLURMDIST_INIT_TIMEOUT` or 300) bounds the whole rendezvous. A second call returns the same env.
+    """
+    with _lock:
+        if _state["env"] is not None:
+            warnings.warn("slurmdist.init() was already called; returning the existing environment", stacklevel=2)
+            return _state["env"]
+        from .detection import detect
+
+        environ = os.environ if environ is None else environ
+        started = time.monotonic()
+        deadline = rendezvous.Deadline(rendezvous.init_timeout(timeout, environ))
+        env = detect(environ)
+        env = _choose_device(env, backend, device, environ)
+        env = _start_group(env, deadline, environ)
+        _state["env"] = env
+        _state["generation"] += 1
+        if not _state["atexit"]:
+            atexit.register(_shutdown_at_exit)
+            _state["atexit"] = True
+        log.info(
+            "rank %d/%d ready in %.3f s: %s on %s, master %s",
+            env.rank,
+            env.world_size,
+            time.monotonic() - started,
+            env.backend,
+            env.device,
+            rendezvous.hostport(env.master_addr, env.master_port),
+        )
+        return env
+
+
+def _choose_device(env: DistEnv, backend: str, device: Any, environ: Mapping[str, str]) -> DistEnv:
+    """Backend and device, decided and checked without touching the network."""
+    device_type, index = backends.split_device(device)
+    choice = backends.choose(backend, backends.probe(backend), device_type)
+    count = devices.device_count(choice.device_type) if choice.device_type != "cpu" else 0
+    plan = devices.plan(choice.device_type, env.local_rank, env.local_world_size, count, environ, index)
+    return env.replace(device=devices.bind(plan), device_ids=plan.device_ids, backend=choice.backend)
+
+
+def _start_group(env: DistEnv, deadline: rendezvous.Deadline, environ: Mapping[str, str]) -> DistEnv:
+    import torch.distributed as dist
+
+    collective = timedelta(seconds=_collective_timeout(environ))
+    if dist.is_initialized():
+        warnings.warn("torch.distributed was initialised outside slurmdist; adopting that group", stacklevel=3)
+        _state["owned"] = False  # shutdown() leaves a group it did not create alone
+        return env.replace(backend=str(dist.get_backend()))
+    _state["owned"] = True
+    if env.backend == "mpi":  # the MPI runtime did the rendezvous when the launcher started us
+        dist.init_process_group("mpi", timeout=collective)
+        return env
+    if env.world_size == 1:  # no network at all: an in-memory store
+        _init_group(env, dist.HashStore(), "slurmdist/single", collective)
+        return env
+    meeting = rendezvous.connect(env, deadline, environ, _state["generation"])
+    env = meeting.env
+    # gloo connects every pair inside init_process_group, and that wait is bounded by its timeout: letting it
+    # overlap the arrival wait keeps the full-mesh setup off the critical path. Lazy backends (nccl, hccl)
+    # connect at the first collective, so they wait for every rank here first.
+    eager = "gloo" in str(env.backend)
+    if not eager:
+        meeting.wait_all()
+    meeting.store.set_timeout(timedelta(seconds=deadline.remaining()))
+    try:
+        _init_group(env, meeting.store, meeting.keys.prefix, collective, deadline if eager else None)
+    except RuntimeError as exc:
+        meeting.fail(exc)
+        raise
+    meeting.store.set_timeout(collective)  # later new_group() calls wait on the store as long as collectives
+    _state["store"] = meeting.store
+    return env
+
+
+def _init_group(
+    env: DistEnv, store: Any, prefix: str, collective: timedelta, deadline: Optional[rendezvous.Deadline] = None
+) -> None:
+    """`init_process_group` on our store; with a `deadline`, connecting is bounded by it, then collectives
+    get their own (longer) timeout."""
+    import torch.distributed as dist
+
+    dist.init_process_group(
+        env.backend,
+        store=dist.PrefixStore(prefix + "/pg", store),
+        rank=env.rank,
+        world_size=env.world_size,
+        timeout=collective if deadline is None else timedelta(seconds=deadline.remaining()),
+    )
+    if deadline is not None:
+        set_timeout = getattr(dist.distributed_c10d, "_set_pg_timeout", None)
+        if set_timeout is not None:
+            set_timeout(collective)
+        else:  # older torch: collectives keep the rendezvous bound, which is shorter, never longer
+            log.debug("this torch cannot change a group's timeout; collectives use %s", deadline.seconds)
+
+
+def _collective_timeout(environ: Mapping[str, str]) -> float:
+    value = environ.get(COLLECTIVE_TIMEOUT_VARIABLE, DEFAULT_COLLECTIVE_TIMEOUT)
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise SlurmdistError(f"{COLLECTIVE_TIMEOUT_VARIABLE}={value!r} is not a number of seconds") from None
+    if not seconds > 0:
+        raise SlurmdistError(f"{COLLECTIVE_TIMEOUT_VARIABLE}={value!r} must be a positive number of seconds")
+    return seconds
+
+
+def shutdown() -> None:
+    """Destroy the process group formed by `init()` (safe to call twice, or without `init()`)."""
+    with _lock:
+        env, _state["env"] = _state["env"], None
+        if env is None:
+            return
+        import torch.distributed as dist
+
+        if dist.is_initialized() and _state["owned"]:
+            dist.destroy_process_group()
+        _state["store"] = None
+
+
+def _shutdown_at_exit() -> None:
+    try:
+        shutdown()
+    except Exception as exc:  # at exit there is nobody left to raise to
+        log.debug("slurmdist shutdown at exit failed: %s", exc)
+
+
+@contextlib.contextmanager
+def initialized(backend: str = "auto", **kwargs: Any) -> Iterator[DistEnv]:
+    """`with slurmdist.initialized() as env:` -- `init()` on entry, `shutdown()` on exit."""
+    env = init(backend, **kwargs)
+    try:
+        yield env
+    finally:
+        shutdown()
+
+
+def is_initialized() -> bool:
+    return _state["env"] is not None
+
+
+def get_env() -> DistEnv:
+    """The environment `init()` returned; a `SlurmdistError` before `init()`."""
+    env = _state["env"]
+    if env is None:
+        raise SlurmdistError("slurmdist.init() has not been called in this process")
+    return env
+
+
+def is_main() -> bool:
+    """True on global rank 0. Before `init()`, asks the launcher's variables (no torch import)."""
+    env = _state["env"]
+    if env is not None:
+        return env.is_main
+    from .detection import detect
+
+    return detect().is_main
+
+
+def barrier() -> None:
+    """Wait for every rank (bounded by the collective timeout); a no-op in a single process."""
+    env = get_env()
+    if env.world_size == 1:
+        return
+    import torch.distributed as dist
+
+    if env.backend == "nccl" and env.device_ids:
+        dist.barrier(device_ids=list(env.device_ids))
+    else:
+        dist.barrier()

@@ -1,0 +1,490 @@
+"""Master address and port, and the store every rank meets at, each bounded by one deadline.
+
+Why not torch's env:// rendezvous: a rank that starts before rank 0's store listens sits in the TCPStore
+client's retry back-off (about 0.5 s per rank measured here), and a rank that never arrives shows up as a
+bare timeout. Here rank 0 hosts the store, the others poll-connect with short sleeps until the port listens,
+and every rank checks in under one arrival counter, so a timeout names the ranks that never came. Each
+rank's own store work is a constant number of operations; only the one rank that reports a timeout looks at
+every rank's arrival key once (linear in the world size).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import logging
+import os
+import re
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Callable, Iterator, List, Mapping, Optional, Sequence, Tuple
+
+from .distenv import DistEnv
+from .errors import RendezvousError
+
+log = logging.getLogger("slurmdist")
+
+MPI_LAUNCHERS = ("openmpi", "pmi", "mvapich", "pals", "flux", "jsrun", "mpi4py")
+DEFAULT_TIMEOUT = 300.0
+TIMEOUT_VARIABLE = "SLURMDIST_INIT_TIMEOUT"
+VERDICT_GRACE = 5.0  # how long a rank waits for another rank's timeout report before writing its own
+POLL_FIRST, POLL_MAX = 0.005, 0.05  # seconds between connection attempts to a store not yet listening
+
+
+class Deadline:
+    """One absolute deadline shared by every wait of a rendezvous."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.end = time.monotonic() + seconds
+
+    def remaining(self, floor: float = 0.001) -> float:
+        return max(floor, self.end - time.monotonic())
+
+    def expired(self) -> bool:
+        return time.monotonic() >= self.end
+
+
+def init_timeout(timeout: Optional[float], environ: Mapping[str, str]) -> float:
+    """The rendezvous bound in seconds: the argument, else `SLURMDIST_INIT_TIMEOUT`, else 300."""
+    if timeout is not None:
+        value: Any = timeout
+        source = "timeout"
+    else:
+        value = environ.get(TIMEOUT_VARIABLE, DEFAULT_TIMEOUT)
+        source = TIMEOUT_VARIABLE
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        raise RendezvousError(f"{source}={value!r} is not a number of seconds") from None
+    if not seconds > 0:
+        raise RendezvousError(f"{source}={value!r} must be a positive number of seconds")
+    return seconds
+
+
+# --- addresses ------------------------------------------------------------------------------------------
+
+
+def strip_brackets(host: str) -> str:
+    """'[::1]' -> '::1': torch's stores and sockets want bare IPv6 literals."""
+    return host[1:-1] if host.startswith("[") and host.endswith("]") else host
+
+
+def is_ipv6(host: str) -> bool:
+    try:
+        return isinstance(ipaddress.ip_address(strip_brackets(host).split("%")[0]), ipaddress.IPv6Address)
+    except ValueError:
+        return False
+
+
+def hostport(host: Optional[str], port: Optional[int]) -> str:
+    """'node1:29500', '[fe80::1]:29500': how an endpoint is shown and put in URLs."""
+    bare = strip_brackets(host or "?")
+    return f"[{bare}]:{port}" if is_ipv6(bare) else f"{bare}:{port}"
+
+
+def _call_with_timeout(function: Callable[[], Any], timeout: float, what: str) -> Any:
+    """Run a call that has no timeout of its own (getaddrinfo) in a daemon thread and stop waiting."""
+    box: dict = {}
+
+    def run() -> None:
+        try:
+            box["value"] = function()
+        except BaseException as exc:  # handed back to the caller below
+            box["error"] = exc
+
+    worker = threading.Thread(target=run, name=f"slurmdist-{what}", daemon=True)
+    worker.start()
+    worker.join(timeout)
+    if worker.is_alive():
+        raise TimeoutError(f"{what} took longer than {timeout:.1f} s")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def addresses(host: str, timeout: float = 10.0) -> List[str]:
+    """The IP addresses a name resolves to (empty when it does not resolve in time)."""
+    try:
+        infos = _call_with_timeout(
+            lambda: socket.getaddrinfo(strip_brackets(host), None, type=socket.SOCK_STREAM), timeout, "resolve"
+        )
+    except (OSError, TimeoutError, UnicodeError):
+        return []
+    return list(dict.fromkeys(info[4][0] for info in infos))
+
+
+def slurm_node_addr(node: str, environ: Mapping[str, str], timeout: float = 10.0) -> Optional[str]:
+    """Slurm's NodeAddr for `node` (`scontrol show node NODE`), or None when Slurm cannot say."""
+    try:
+        done = subprocess.run(
+            ["scontrol", "-o", "show", "node", node],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=dict(environ),
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        log.debug("scontrol show node %s failed: %s", node, exc)
+        return None
+    match = re.search(r"(?:^|\s)NodeAddr=(\S+)", done.stdout)
+    if done.returncode != 0 or match is None:
+        log.debug("scontrol show node %s: rc=%s %s", node, done.returncode, done.stderr.strip())
+        return None
+    return match.group(1)
+
+
+def resolve_host(host: str, environ: Mapping[str, str], timeout: float = 10.0) -> str:
+    """A master host that resolves: the name itself, else Slurm's NodeAddr for it, else a `RendezvousError`."""
+    bare = strip_brackets(host)
+    if addresses(bare, timeout):
+        return bare
+    node_addr = slurm_node_addr(bare, environ, timeout)
+    if node_addr and node_addr != bare and addresses(node_addr, timeout):
+        log.debug("master %s does not resolve; using its Slurm NodeAddr %s", bare, node_addr)
+        return strip_brackets(node_addr)
+    raise RendezvousError(
+        f"master host {bare!r} does not resolve (DNS / /etc/hosts) and Slurm gave no usable NodeAddr for it "
+        f"(scontrol show node {bare}{' -> ' + node_addr if node_addr else ''}); set MASTER_ADDR to an IP "
+        "address or a name every node can resolve"
+    )
+
+
+def own_address(single_node: bool) -> str:
+    """An address of this host that other hosts can reach: the hostname's non-loopback IP, else the source
+    address of the default route; loopback only when every rank is on this node."""
+    name = socket.gethostname()
+    found = addresses(name, 5.0)
+    for address in found:
+        if not ipaddress.ip_address(address.split("%")[0]).is_loopback:
+            return address
+    if single_node:
+        return "127.0.0.1"
+    for family, probe in ((socket.AF_INET, "192.0.2.1"), (socket.AF_INET6, "2001:db8::1")):
+        try:
+            with socket.socket(family, socket.SOCK_DGRAM) as udp:  # connect() on UDP sends nothing
+                udp.connect((probe, 9))
+                return udp.getsockname()[0]
+        except OSError:
+            continue
+    return name
+
+
+def free_port() -> int:
+    """A port nobody listens on right now (the kernel's choice). Used only where the store cannot be opened
+    on port 0 directly, that is when another process (the CLI's child) will listen on it."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("", 0))
+        return sock.getsockname()[1]
+
+
+# --- MPI ------------------------------------------------------------------------------------------------
+
+
+def mpi_comm(env: DistEnv, environ: Mapping[str, str]) -> Any:
+    """COMM_WORLD, importing mpi4py only now. Open MPI's ofi transport costs ~1 s of MPI_Init and we only
+    broadcast a few bytes, so it is left out unless the user chose transports (`OMPI_MCA_btl`)."""
+    if "mpi4py.MPI" not in sys.modules and env.launcher == "openmpi" and "OMPI_MCA_btl" not in environ:
+        os.environ.setdefault("OMPI_MCA_btl", "^ofi")
+    try:
+        from mpi4py import MPI
+    except ImportError as exc:
+        raise RendezvousError(
+            f"the {env.launcher} launch spans several nodes and gives no master address, so slurmdist needs "
+            "mpi4py to share rank 0's address (pip install mpi4py against your MPI), or set MASTER_ADDR and "
+            f"MASTER_PORT yourself ({exc})"
+        ) from None
+    comm = MPI.COMM_WORLD
+    if comm.Get_size() != env.world_size or comm.Get_rank() != env.rank:
+        raise RendezvousError(
+            f"MPI says rank {comm.Get_rank()} of {comm.Get_size()} but the {env.launcher} variables say rank "
+            f"{env.rank} of {env.world_size}; mpi4py is linked against a different MPI than the launcher "
+            "(rebuild mpi4py with the launcher's mpicc)"
+        )
+    return comm
+
+
+def mpi_broadcast(comm: Any, text: Optional[str], deadline: Deadline, size: int = 512) -> str:
+    """Rank 0's `text` on every rank, via a non-blocking broadcast polled against the deadline."""
+    buffer = bytearray(size)
+    if text is not None:
+        data = text.encode()
+        buffer[: len(data)] = data
+    request = comm.Ibcast(buffer, root=0)
+    sleep = POLL_FIRST
+    while not request.Test():
+        if deadline.expired():
+            raise RendezvousError(
+                f"rank 0 did not share its address over MPI within {deadline.seconds:.0f} s "
+                f"(world size {comm.Get_size()}): rank 0 has not reached slurmdist.init()"
+            )
+        time.sleep(sleep)
+        sleep = min(POLL_MAX, sleep * 2)
+    return bytes(buffer).rstrip(b"\0").decode()
+
+
+def resolve_master(
+    env: DistEnv, *, environ: Optional[Mapping[str, str]] = None, timeout: Optional[float] = None
+) -> DistEnv:
+    """Fill in `master_addr`/`master_port` where `detect()` left them None, and make the address resolvable.
+
+    MPI launches across nodes learn rank 0's address and a free port over mpi4py (every rank must call
+    this). A master name that is not in DNS is replaced by Slurm's NodeAddr. For the CLI, which exports the
+    result before starting the training process.
+    """
+    environ = os.environ if environ is None else environ
+    deadline = Deadline(init_timeout(timeout, environ))
+    if env.world_size == 1:
+        return env.replace(master_addr=env.master_addr or "127.0.0.1", master_port=env.master_port or free_port())
+    if env.master_addr is None or env.master_port is None:
+        if env.launcher not in MPI_LAUNCHERS:
+            raise RendezvousError(
+                f"the {env.launcher} launch gave no master address/port; set MASTER_ADDR and MASTER_PORT"
+            )
+        comm = mpi_comm(env, environ)
+        mine = None
+        if env.rank == 0:
+            mine = f"{env.master_addr or own_address(single_node=env.local_world_size == env.world_size)} " \
+                   f"{env.master_port or free_port()}"
+        addr, port = mpi_broadcast(comm, mine, deadline).split()
+        env = env.replace(master_addr=addr, master_port=int(port))
+    return env.replace(master_addr=resolve_host(env.master_addr, environ, deadline.remaining()))
+
+
+# --- store ----------------------------------------------------------------------------------------------
+
+
+def wait_listening(host: str, port: int, deadline: Deadline, world_size: int) -> None:
+    """Poll until something listens on host:port, sleeping a few milliseconds between attempts."""
+    sleep = POLL_FIRST
+    last: Optional[BaseException] = None
+    while True:
+        try:
+            with socket.create_connection((strip_brackets(host), port), timeout=min(2.0, deadline.remaining())):
+                return
+        except OSError as exc:
+            last = exc
+        if deadline.expired():
+            raise RendezvousError(
+                f"nothing listens at the rendezvous store {hostport(host, port)} after {deadline.seconds:.0f} s "
+                f"(world size {world_size}, last error: {last}): rank 0 has not started, crashed before "
+                "slurmdist.init(), or MASTER_ADDR/MASTER_PORT point elsewhere"
+            )
+        time.sleep(min(sleep, deadline.remaining()))
+        sleep = min(POLL_MAX, sleep * 2)
+
+
+def open_store(
+    host: str, port: int, rank: int, world_size: int, deadline: Deadline, *, serve: bool = False
+) -> Any:
+    """A TCPStore at host:port: served here when `serve` (rank 0, port 0 = kernel's choice), else joined."""
+    import torch.distributed as dist
+
+    host = strip_brackets(host)
+    where = hostport(host, port)
+    if serve:
+        try:
+            return dist.TCPStore(
+                host, port, None, True, timedelta(seconds=deadline.remaining()), wait_for_workers=False
+            )
+        except RuntimeError as exc:
+            if "EADDRINUSE" in str(exc) or "address already in use" in str(exc).lower():
+                raise RendezvousError(
+                    f"rank 0 cannot listen on the rendezvous port {port} ({where}): another process holds it "
+                    "(a second job step on this node, or a leftover run). Set MASTER_PORT to a free port, "
+                    "or stop the other process"
+                ) from None
+            raise RendezvousError(f"rank 0 cannot host the rendezvous store at {where}: {exc}") from None
+    wait_listening(host, port, deadline, world_size)
+    try:
+        # In a thread: the client's handshake ignores its timeout when a listener never answers.
+        return _call_with_timeout(
+            lambda: dist.TCPStore(host, port, None, False, timedelta(seconds=deadline.remaining())),
+            deadline.remaining(),
+            "store-connect",
+        )
+    except TimeoutError:
+        raise RendezvousError(
+            f"rank {rank}: something listens at {where} but does not answer as a rendezvous store (world size "
+            f"{world_size}, waited {deadline.seconds:.0f} s): another program holds MASTER_PORT (rank 0 then "
+            "reports that it cannot listen). Set MASTER_PORT to a free port"
+        ) from None
+    except RuntimeError as exc:
+        raise RendezvousError(
+            f"rank {rank} reached {where} but could not join the rendezvous store there: {exc}. "
+            "Is MASTER_PORT used by something else than this job's rank 0?"
+        ) from None
+
+
+@dataclass(frozen=True)
+class Keys:
+    """Store keys of one rendezvous; `prefix` separates jobs, restarts and repeated init() calls."""
+
+    prefix: str
+
+    def arrived(self, rank: int) -> str:
+        return f"{self.prefix}/arrived/{rank}"
+
+    def __getattr__(self, name: str) -> str:  # count, verdict, reporter, seen
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return f"{self.prefix}/{name}"
+
+
+def compress_ranks(ranks: Sequence[int]) -> str:
+    """[1, 2, 3, 7] -> '1-3,7': missing ranks stay readable at 10,000 processes."""
+    runs: List[List[int]] = []
+    for rank in sorted(ranks):
+        if runs and rank == runs[-1][-1] + 1:
+            runs[-1].append(rank)
+        else:
+            runs.append([rank])
+    return ",".join(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]) for run in runs)
+
+
+def run_prefix(env: DistEnv, environ: Mapping[str, str], generation: int) -> str:
+    """Keys unique to this job step, torchrun restart and init() call, so a reused store never mixes them."""
+    parts = [
+        env.job_id or "nojob",
+        environ.get("SLURM_STEP_ID", environ.get("SLURM_STEPID", "")),
+        environ.get("TORCHELASTIC_RUN_ID", ""),
+        environ.get("TORCHELASTIC_RESTART_COUNT", ""),
+        str(generation),
+    ]
+    return "slurmdist/" + "/".join(part or "-" for part in parts)
+
+
+class Rendezvous:
+    """One meeting of `world_size` ranks at a store: check in, wait for all, or report who is missing.
+
+    Every rank adds itself to one counter; the rank that brings it to `world_size` writes the verdict 'go'.
+    When waiting fails (deadline, or the process group's own connection step failed), the first rank to
+    notice becomes the reporter: it checks each rank's arrival key once and writes the missing ranks as the
+    verdict, so every present rank fails with the same message.
+    """
+
+    def __init__(self, store: Any, env: DistEnv, keys: Keys, deadline: Deadline) -> None:
+        self.store, self.env, self.keys, self.deadline = store, env, keys, deadline
+        self.where = hostport(env.master_addr, env.master_port)
+
+    def check_in(self) -> None:
+        with self._store_errors():
+            self.store.set(self.keys.arrived(self.env.rank), socket.gethostname())
+            if self.store.add(self.keys.count, 1) == self.env.world_size:
+                self.store.compare_set(self.keys.verdict, "", "go")
+
+    def wait_all(self) -> None:
+        """Block until every rank checked in, within the deadline."""
+        with self._store_errors():
+            try:
+                self.store.wait([self.keys.verdict], timedelta(seconds=self.deadline.remaining()))
+            except RuntimeError as exc:
+                if "timeout" not in str(exc).lower():
+                    raise
+                self.fail()
+                return
+            if _get(self.store, self.keys.verdict) != "go":
+                self.fail()
+
+    def fail(self, cause: Optional[BaseException] = None) -> None:
+        """Agree on what went wrong with the other present ranks, then raise it as a `RendezvousError`."""
+        with self._store_errors(cause):
+            if self.store.add(self.keys.reporter, 1) == 1:
+                self.store.compare_set(self.keys.verdict, "", self._missing_text(cause))
+            else:
+                self._wait_for_report()
+            verdict = _get(self.store, self.keys.verdict)
+            if verdict == "go" and cause is None:
+                return
+            self.store.add(self.keys.seen, 1)
+            if self.env.rank == 0:  # the store lives in this process: let the others read the verdict
+                self._linger()
+        if verdict == "go" or "never arrived" not in verdict:  # nobody missing: the cause is the news
+            verdict = f"every rank arrived, but: {_first_line(cause)}" if cause is not None else verdict
+        raise RendezvousError(
+            f"rendezvous at {self.where} failed after {self.deadline.seconds - self.deadline.remaining(0):.0f} s "
+            f"(timeout {self.deadline.seconds:.0f} s): {verdict} (world size {self.env.world_size}; this is "
+            f"rank {self.env.rank}). Check that every rank started (job log, srun/mpirun task counts) and can "
+            f"reach {self.where}; raise {TIMEOUT_VARIABLE} if they are only slow"
+        ) from None
+
+    def _missing_text(self, cause: Optional[BaseException]) -> str:
+        missing = [r for r in range(self.env.world_size) if not self.store.check([self.keys.arrived(r)])]
+        if not missing:
+            return "every rank arrived"
+        arrived = self.env.world_size - len(missing)
+        return f"{arrived} of {self.env.world_size} ranks arrived; rank(s) {compress_ranks(missing)} never arrived"
+
+    def _wait_for_report(self) -> None:
+        try:
+            self.store.wait([self.keys.verdict], timedelta(seconds=VERDICT_GRACE))
+        except RuntimeError:
+            self.store.compare_set(self.keys.verdict, "", f"no rank reported within {VERDICT_GRACE:.0f} s")
+
+    def _linger(self) -> None:
+        arrived = int(self.store.add(self.keys.count, 0))
+        end = time.monotonic() + VERDICT_GRACE
+        while self.store.add(self.keys.seen, 0) < arrived and time.monotonic() < end:
+            time.sleep(0.01)
+
+    @contextlib.contextmanager
+    def _store_errors(self, cause: Optional[BaseException] = None) -> Iterator[None]:
+        try:
+            yield
+        except RendezvousError:
+            raise
+        except RuntimeError as exc:
+            raise RendezvousError(
+                f"rank {self.env.rank} lost the rendezvous store at {self.where} (world size "
+                f"{self.env.world_size}): {_first_line(exc)}"
+                f"{'; earlier: ' + _first_line(cause) if cause is not None else ''}. The process hosting it "
+                "(rank 0, or torchrun's agent) probably exited: see its log"
+            ) from None
+
+
+def _get(store: Any, key: str) -> str:
+    return store.get(key).decode()
+
+
+def _first_line(exc: Optional[BaseException]) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def connect(env: DistEnv, deadline: Deadline, environ: Mapping[str, str], generation: int = 0) -> Rendezvous:
+    """Resolve the master, open the store and check in (without waiting for the others)."""
+    agent_store = environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    if env.master_addr is None or env.master_port is None:
+        store, env = _mpi_store(env, deadline, environ)
+    else:
+        # Rank 0 too: the TCPStore server also connects a client to itself at this address.
+        env = env.replace(master_addr=resolve_host(env.master_addr, environ, min(10.0, deadline.remaining())))
+        serve = env.rank == 0 and not agent_store  # torchrun's agent already serves the store
+        store = open_store(env.master_addr, env.master_port, env.rank, env.world_size, deadline, serve=serve)
+    meeting = Rendezvous(store, env, Keys(run_prefix(env, environ, generation)), deadline)
+    meeting.check_in()
+    return meeting
+
+
+def _mpi_store(env: DistEnv, deadline: Deadline, environ: Mapping[str, str]) -> Tuple[Any, DistEnv]:
+    """MPI across nodes: rank 0 opens its store on a kernel-chosen port, then broadcasts address and port."""
+    if env.launcher not in MPI_LAUNCHERS:
+        raise RendezvousError(
+            f"the {env.launcher} launch gave no master address/port; set MASTER_ADDR and MASTER_PORT"
+        )
+    comm = mpi_comm(env, environ)
+    store, mine = None, None
+    if env.rank == 0:
+        addr = env.master_addr or own_address(single_node=env.local_world_size == env.world_size)
+        store = open_store(addr, env.master_port or 0, 0, env.world_size, deadline, serve=True)
+        mine = f"{addr} {store.port}"
+    addr, port = mpi_broadcast(comm, mine, deadline).split()
+    env = env.replace(master_addr=addr, master_port=int(port))
+    if store is None:
+        store = open_store(addr, int(port), env.rank, env.world_size, deadline)
+    return store, env

@@ -1,0 +1,56 @@
+"""Every way init() can fail ends every present rank, non-zero, with a message that says what to do."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+
+import pytest
+
+from workers.launch import ALLREDUCE, PYTHON, finish, free_port, rank_environ, start_ranks
+
+pytestmark = pytest.mark.integration
+
+
+def test_missing_rank_is_named_by_every_present_rank():
+    port = free_port()
+    results = finish(start_ranks([0, 1, 2], 4, port, SLURMDIST_INIT_TIMEOUT="10"))
+    for result in results:
+        assert result.returncode != 0
+        assert "RendezvousError" in result.stderr
+        assert "rank(s) 3 never arrived" in result.stderr
+        assert f"127.0.0.1:{port}" in result.stderr
+        assert "world size 4" in result.stderr
+
+
+def test_unresolvable_master_names_the_host():
+    [result] = finish(start_ranks([1], 2, free_port(), addr="no-such-node.invalid", SLURMDIST_INIT_TIMEOUT="20"))
+    assert result.returncode != 0
+    assert "master host 'no-such-node.invalid' does not resolve" in result.stderr
+
+
+def test_busy_master_port_is_an_error_not_a_hang():
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        port = squatter.getsockname()[1]
+        results = finish(start_ranks([0, 1], 2, port, SLURMDIST_INIT_TIMEOUT="10"))
+    rank0, rank1 = results
+    assert rank0.returncode != 0
+    assert f"cannot listen on the rendezvous port {port}" in rank0.stderr
+    assert rank1.returncode != 0  # it reached the squatter, not a store: bounded by the timeout
+    assert "RendezvousError" in rank1.stderr
+
+
+@pytest.mark.parametrize(
+    "backend, advice",
+    [("nccl", "install a CUDA"), ("mpi", "USE_MPI=1"), ("hccl", "torch-npu"), ("cpu:gloo,cuda:nccl", "CUDA")],
+)
+def test_missing_backend_fails_before_any_network_wait(backend, advice):
+    # World size 2 with rank 0 never started: only failing before the rendezvous can end this quickly.
+    env = rank_environ(1, 2, free_port(), SLURMDIST_INIT_TIMEOUT="300")
+    result = subprocess.run([PYTHON, ALLREDUCE, "slurmdist", backend], env=env, capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode != 0
+    assert "BackendError" in result.stderr
+    assert advice in result.stderr

@@ -1,0 +1,52 @@
+"""slurmdist.init() forms real gloo groups through every launch path this machine can run."""
+
+from __future__ import annotations
+
+import pytest
+
+from workers.launch import (
+    ALLREDUCE, PYTHON, check_allreduce, clean_environ, finish, free_port, run, start_ranks, tool,
+)
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.mark.parametrize("world", [4, 8])
+def test_explicit_environment(world):
+    procs = start_ranks(reversed(range(world)), world, free_port())  # rank 0 last: the others wait for it
+    results = finish(procs)
+    for result in results:
+        assert result.returncode == 0, result.stderr
+    check_allreduce("".join(r.stdout for r in results), world)
+
+
+def test_single_process_needs_no_launcher():
+    result = run([PYTHON, ALLREDUCE], clean_environ())
+    assert result.returncode == 0, result.stderr
+    [record] = check_allreduce(result.stdout, 1, launcher="single")
+
+
+def test_torchrun_standalone():
+    result = run([tool("torchrun"), "--standalone", "--nproc_per_node=4", ALLREDUCE], clean_environ())
+    assert result.returncode == 0, result.stderr
+    check_allreduce(result.stdout, 4, launcher="torchrun")
+
+
+@pytest.mark.parametrize("world", [4, 8])
+def test_mpirun_shares_the_port_over_mpi4py(world):
+    env = clean_environ(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    result = run([tool("mpirun"), "-np", str(world), "--oversubscribe", PYTHON, ALLREDUCE], env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    check_allreduce(result.stdout, world, launcher="openmpi")
+
+
+@pytest.mark.parametrize("tasks_per_node", [2, 4])
+def test_srun_across_two_nodes_whose_names_do_not_resolve(slurm_cluster, tasks_per_node):
+    # node1/node2 are not in DNS: the master address comes from Slurm's NodeAddr.
+    result = slurm_cluster.run(
+        ["srun", "-N2", f"--ntasks-per-node={tasks_per_node}", PYTHON, ALLREDUCE],
+        timeout=120, check=False, env={"SLURMDIST_INIT_TIMEOUT": "60"},
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    found = check_allreduce(result.stdout, 2 * tasks_per_node, launcher="slurm")
+    assert {r["host"] for r in found} == {"node1", "node2"}

@@ -1,0 +1,47 @@
+"""Worker the integration tests launch: init, one all_reduce, one JSON line on stdout.
+
+`python allreduce.py [slurmdist|plain] [BACKEND]`: `plain` is torch's own env:// start, for comparison.
+"""
+
+import json
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+import slurmdist
+
+
+def main() -> int:
+    mode = sys.argv[1] if len(sys.argv) > 1 else "slurmdist"
+    started, wall_start = time.monotonic(), time.time()
+    if mode == "plain":
+        dist.init_process_group("gloo")
+        rank, world, launcher = dist.get_rank(), dist.get_world_size(), "plain"
+    else:
+        env = slurmdist.init(sys.argv[2] if len(sys.argv) > 2 else "auto")
+        rank, world, launcher = env.rank, env.world_size, env.launcher
+    tensor = torch.tensor([float(rank + 1)])
+    dist.all_reduce(tensor)
+    elapsed = time.monotonic() - started
+    record = {
+        "rank": rank,
+        "world_size": world,
+        "launcher": launcher,
+        "sum": tensor.item(),
+        "expected": world * (world + 1) / 2,
+        "seconds": round(elapsed, 4),
+        "start": wall_start,
+        "end": wall_start + elapsed,
+        "host": os.uname().nodename,
+    }
+    print(json.dumps(record), flush=True)
+    if mode == "plain":
+        dist.destroy_process_group()
+    return 0 if tensor.item() == record["expected"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

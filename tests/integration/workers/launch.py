@@ -1,0 +1,104 @@
+"""Start worker processes the way each launcher would, and read what they report (used by test_init_*)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+import pytest
+
+WORKERS = Path(__file__).resolve().parent
+ALLREDUCE = WORKERS / "allreduce.py"
+PYTHON = sys.executable
+RUN_TIMEOUT = 120  # seconds: a bound on a hang, not a timing assertion
+LAUNCHER_PREFIXES = ("SLURM_", "OMPI_", "PMI_", "PMIX_", "TORCHELASTIC_", "SLURMDIST_", "MASTER_")
+LAUNCHER_NAMES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE")
+
+
+def tool(name: str) -> str:
+    """`name` next to this Python (a venv's bin) or on PATH; skip, or fail under CI=true, when missing."""
+    beside = Path(PYTHON).parent / name
+    found = str(beside) if beside.exists() else shutil.which(name)
+    if found is None:
+        message = f"{name} not found next to {PYTHON} or on PATH (pip install -e '.[dev]')"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"prerequisite missing in CI: {message}", pytrace=False)
+        pytest.skip(message)
+    return found
+
+
+def clean_environ(**extra: str) -> Dict[str, str]:
+    """This process's environment without any launcher's variables, plus `extra`."""
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(LAUNCHER_PREFIXES) and k not in LAUNCHER_NAMES
+    }
+    env.update(extra)
+    return env
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def rank_environ(rank: int, world: int, port: int, addr: str = "127.0.0.1", **extra: str) -> Dict[str, str]:
+    """The explicit-environment launch: RANK, WORLD_SIZE, LOCAL_*, MASTER_ADDR/PORT."""
+    return clean_environ(
+        RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world),
+        MASTER_ADDR=addr, MASTER_PORT=str(port), **extra,
+    )
+
+
+def start_ranks(
+    ranks: Sequence[int], world: int, port: int, args: Sequence[str] = (), addr: str = "127.0.0.1", **extra: str
+) -> List[subprocess.Popen]:
+    """One worker per rank, in the order given (rank 0 last is the slow case for torch's env://)."""
+    return [
+        subprocess.Popen(
+            [PYTHON, str(ALLREDUCE), *args], env=rank_environ(rank, world, port, addr, **extra),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        for rank in ranks
+    ]
+
+
+def finish(procs: Sequence[subprocess.Popen]) -> List[subprocess.CompletedProcess]:
+    """Wait for every process (bounded), killing stragglers so a hang fails the test instead of the run."""
+    done = []
+    for proc in procs:
+        try:
+            out, err = proc.communicate(timeout=RUN_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+        done.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+    return done
+
+
+def run(args: Sequence[str], env: Dict[str, str], timeout: float = RUN_TIMEOUT) -> subprocess.CompletedProcess:
+    return subprocess.run([str(a) for a in args], env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def records(text: str) -> List[dict]:
+    """The workers' JSON lines (launchers may interleave several processes' output on one stream)."""
+    return [json.loads(m) for m in re.findall(r"\{[^{}]*\}", text)]
+
+
+def check_allreduce(text: str, world: int, launcher: Optional[str] = None) -> List[dict]:
+    """Every rank reported once, with the right all_reduce sum (and launcher, when given)."""
+    found = records(text)
+    assert sorted(r["rank"] for r in found) == list(range(world)), text
+    for record in found:
+        assert record["world_size"] == world
+        assert record["sum"] == world * (world + 1) / 2
+        if launcher is not None:
+            assert record["launcher"] == launcher
+    return found

@@ -1,0 +1,119 @@
+"""Addresses, timeouts and the arrival protocol, against real TCPStores in this process."""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+import pytest
+
+from slurmdist.distenv import DistEnv
+from slurmdist.errors import RendezvousError
+from slurmdist.rendezvous import (
+    Deadline, compress_ranks, connect, hostport, init_timeout, resolve_host, resolve_master, run_prefix,
+    strip_brackets,
+)
+
+
+def env_of(rank, world, port, addr="127.0.0.1", launcher="torchrun"):
+    return DistEnv(launcher, rank, rank, world, world, 0, 1, addr, port, "7")
+
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_ipv6_is_bracketed_once():
+    assert hostport("::1", 29500) == "[::1]:29500"
+    assert hostport("[fe80::1%eth0]", 1) == "[fe80::1%eth0]:1"
+    assert hostport("node1", 2) == "node1:2"
+    assert hostport("10.0.0.1", 3) == "10.0.0.1:3"
+    assert strip_brackets("[::1]") == "::1"
+
+
+def test_compress_ranks():
+    assert compress_ranks([3]) == "3"
+    assert compress_ranks([7, 1, 2, 3, 9, 10]) == "1-3,7,9-10"
+    assert compress_ranks([]) == ""
+
+
+def test_init_timeout_sources():
+    assert init_timeout(None, {}) == 300
+    assert init_timeout(None, {"SLURMDIST_INIT_TIMEOUT": "12.5"}) == 12.5
+    assert init_timeout(3, {"SLURMDIST_INIT_TIMEOUT": "12.5"}) == 3
+    for bad in ("soon", "0", "-1"):
+        with pytest.raises(RendezvousError, match="SLURMDIST_INIT_TIMEOUT"):
+            init_timeout(None, {"SLURMDIST_INIT_TIMEOUT": bad})
+
+
+def test_resolve_host():
+    assert resolve_host("localhost", {}) == "localhost"
+    assert resolve_host("[::1]", {}) == "::1"
+    with pytest.raises(RendezvousError, match="'no-such-node.invalid' does not resolve"):
+        resolve_host("no-such-node.invalid", {"PATH": ""})  # no scontrol either
+
+
+def test_run_prefix_separates_steps_restarts_and_calls():
+    env = env_of(0, 2, 1)
+    a = run_prefix(env, {"SLURM_STEP_ID": "0"}, 0)
+    assert a != run_prefix(env, {"SLURM_STEP_ID": "1"}, 0)
+    assert a != run_prefix(env, {"SLURM_STEP_ID": "0"}, 1)
+    assert a != run_prefix(env, {"SLURM_STEP_ID": "0", "TORCHELASTIC_RESTART_COUNT": "1"}, 0)
+
+
+def meet(world, ranks, timeout):
+    """Ranks as threads; returns {rank: None or the exception} after check_in + wait_all."""
+    port, outcome = free_port(), {}
+
+    def rank_main(rank):
+        try:
+            connect(env_of(rank, world, port), Deadline(timeout), {}).wait_all()
+            outcome[rank] = None
+        except Exception as exc:  # collected and asserted on below
+            outcome[rank] = exc
+
+    threads = [threading.Thread(target=rank_main, args=(r,)) for r in ranks]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    return outcome, port
+
+
+def test_every_rank_arrives():
+    outcome, _ = meet(4, [3, 2, 1, 0], timeout=30)
+    assert outcome == {0: None, 1: None, 2: None, 3: None}
+
+
+def test_missing_ranks_are_named_on_every_present_rank():
+    outcome, port = meet(5, [0, 2, 3], timeout=1.5)
+    assert set(outcome) == {0, 2, 3}
+    for exc in outcome.values():
+        assert isinstance(exc, RendezvousError)
+        assert "3 of 5 ranks arrived; rank(s) 1,4 never arrived" in str(exc)
+        assert f"127.0.0.1:{port}" in str(exc)
+
+
+def test_rank_0_never_started():
+    outcome, port = meet(2, [1], timeout=0.5)
+    assert isinstance(outcome[1], RendezvousError)
+    assert f"nothing listens at the rendezvous store 127.0.0.1:{port}" in str(outcome[1])
+
+
+def test_busy_port():
+    with socket.socket() as squatter:
+        squatter.bind(("", 0))
+        squatter.listen()
+        port = squatter.getsockname()[1]
+        with pytest.raises(RendezvousError, match=f"cannot listen on the rendezvous port {port}"):
+            connect(env_of(0, 2, port), Deadline(5), {})
+
+
+def test_resolve_master_keeps_what_detect_gave():
+    env = env_of(1, 4, 29500, addr="localhost")
+    assert resolve_master(env, environ={}) == env
+    assert resolve_master(env.replace(world_size=1, rank=0, local_rank=0, local_world_size=1), environ={}).master_port
+    with pytest.raises(RendezvousError, match="MASTER_ADDR"):
+        resolve_master(env.replace(master_addr=None), environ={})
