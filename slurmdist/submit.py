@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 from .errors import SlurmdistError
-from .requeue import Resumable, parse_signal, slurm_name
+from .requeue import RequeueError, Resumable, parse_signal, slurm_name
 
 __all__ = [
     "Submitter", "Resources", "Command", "Resumable", "SubmitError", "JobFailedError", "JobTimeoutError",
@@ -155,7 +155,10 @@ class Resources:
         parse_time(self.time)
         if self.mem is not None:
             parse_mem(self.mem)
-        parse_signal(self.signal)
+        try:
+            parse_signal(self.signal)
+        except RequeueError as error:
+            raise SubmitError(str(error)) from None
         _check_sbatch_options(self.sbatch)
 
     @property
@@ -368,8 +371,8 @@ def slurm_state(job_id: str, environ: Optional[Mapping[str, str]] = None) -> str
 
 def parse_state(output: str) -> str:
     """The first state in squeue/sacct output: 'CANCELLED by 0' -> 'CANCELLED'."""
-    first = output.strip().splitlines()[0].strip()
-    return first.split()[0].rstrip("+").upper() if first else "UNKNOWN"
+    lines = output.strip().splitlines()
+    return lines[0].split()[0].rstrip("+").upper() if lines else "UNKNOWN"
 
 
 def _slurm_query(command: List[str], environ: Optional[Mapping[str, str]]) -> str:
@@ -389,8 +392,14 @@ def wait(job: Any, timeout: float, *, poll: float = 1.0,
     """
     deadline = time.monotonic() + timeout
     last = ""
+    written_at: Optional[float] = None
     while True:
-        state = "COMPLETED" if _all_results_written(job) else job_state(job)
+        state = job_state(job)
+        if written_at is None and _all_results_written(job):
+            written_at = time.monotonic()
+        # Every task reported but Slurm has not caught up (the step is completing): trust the results soon.
+        if written_at is not None and state not in FINISHED_STATES and time.monotonic() - written_at > RESULT_GRACE:
+            state = "COMPLETED"
         if state != last and on_state is not None:
             on_state(state)
         last = state
@@ -399,7 +408,7 @@ def wait(job: Any, timeout: float, *, poll: float = 1.0,
         if time.monotonic() >= deadline:
             raise JobTimeoutError(f"job {job.job_id} still {state} after {timeout:.0f}s (it keeps running; "
                                   f"`scancel {job.job_id}` to stop it)")
-        time.sleep(min(poll, max(0.0, deadline - time.monotonic())))
+        time.sleep(min(poll if written_at is None else 0.2, max(0.0, deadline - time.monotonic())))
 
 
 def results(job: Any, timeout: float, *, poll: float = 1.0) -> List[Any]:

@@ -1,0 +1,255 @@
+"""slurmdist.submit against a real 2-node Slurm cluster with accounting (slurmdbd + MariaDB): training
+round trip, sweep, CLI --wait, preemption -> checkpoint -> requeue -> resume, prompt failures, LocalExecutor."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Dict, Iterator
+
+import pytest
+
+
+def _load(name: str, path: Path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+# The integration conftest's helpers (a module-scoped cluster needs them outside its function-scoped fixtures).
+_helpers = _load("_submit_cluster_helpers", Path(__file__).with_name("conftest.py"))
+REPO, LocalCluster, require = _helpers.REPO, _helpers.LocalCluster, _helpers.require
+run_checked, start_cluster = _helpers.run_checked, _helpers.start_cluster
+
+pytestmark = pytest.mark.integration
+
+ACCOUNTING = REPO / "scripts" / "local-accounting"
+TRAIN_PY = REPO / "examples" / "train.py"
+PYTHON = sys.executable
+TIMEOUT = 150  # seconds any one job may take here, requeue included
+
+
+def load_example(name: str):
+    """examples/NAME.py as a module whose code travels with the job (the job cannot import it)."""
+    import cloudpickle
+
+    module = _load(name, REPO / "examples" / f"{name}.py")
+    cloudpickle.register_pickle_by_value(module)
+    return module
+
+
+# --- a cluster with accounting -------------------------------------------------------------------------------
+
+
+def enable_accounting(cluster: LocalCluster) -> None:
+    """Start local-accounting for `cluster`, point slurm.conf at it and restart slurmctld (which reads
+    AccountingStorage* only at start). Stopgap until `local-cluster start --accounting` does this itself."""
+    lines = run_checked([ACCOUNTING, "start", "--dir", cluster.dir], env=dict(os.environ), timeout=120).stdout
+    conf = Path(cluster.env["SLURM_CONF"])
+    kept = [line for line in conf.read_text().splitlines() if not line.startswith("AccountingStorage")]
+    conf.write_text("\n".join(kept + lines.strip().splitlines()) + "\n")
+    state = cluster.dir / "cluster.state"
+    old_pid = int(re.search(r"^CTLD_PID=(\d+)$", state.read_text(), re.M).group(1))
+    os.kill(old_pid, 15)
+    deadline = time.monotonic() + 30
+    while Path(f"/proc/{old_pid}").exists() and "zombie" not in _status(old_pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    launcher = (f"setsid {cluster.dir}/bin/slurmctld -D -f {conf} </dev/null >>{cluster.dir}/log/slurmctld.log "
+                "2>&1 & echo $!")
+    new_pid = subprocess.run(["sh", "-c", launcher], env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+                             "SLURM_CONF": str(conf)}, capture_output=True, text=True, timeout=10).stdout.strip()
+    state.write_text(re.sub(r"^CTLD_PID=\d+$", f"CTLD_PID={new_pid}", state.read_text(), flags=re.M))
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        idle = cluster.run(["sinfo", "-h", "-o", "%t"], check=False, timeout=10).stdout.split()
+        if idle and all(s == "idle" for s in idle):
+            return
+        time.sleep(0.2)
+    raise AssertionError("nodes not idle after restarting slurmctld with accounting")
+
+
+def _status(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/status").read_text().lower()
+    except OSError:
+        return "zombie"
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """A 2-node cluster whose jobs sacct reports; its variables in os.environ for in-process submission."""
+    for tool in ("mariadbd", "slurmdbd", "sacct"):
+        require(tool)
+    import cloudpickle
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # jobs run this module's functions
+    started = start_cluster(tmp_path_factory.mktemp("cluster"))
+    try:
+        enable_accounting(started)
+        with pytest.MonkeyPatch.context() as patch:
+            for key in [k for k in os.environ if k.startswith("SLURM_")]:
+                patch.delenv(key)
+            for key, value in started.env.items():
+                patch.setenv(key, value)
+            yield started
+    finally:
+        started.stop()
+        run_checked([ACCOUNTING, "stop", "--dir", started.dir], env=dict(os.environ), timeout=60, check=False)
+
+
+@pytest.fixture(scope="module")
+def example(cluster):
+    return load_example("submit_train")
+
+
+@pytest.fixture(scope="module")
+def reference(cluster, tmp_path_factory) -> Dict[str, Dict]:
+    """train.py's results under plain srun, by (nodes, tasks per node, steps)."""
+    cache: Dict = {}
+
+    def run(nodes: int, tasks: int, steps: int) -> Dict:
+        if (nodes, tasks, steps) not in cache:
+            out = tmp_path_factory.mktemp("srun") / "result.json"
+            cluster.run(["srun", f"-N{nodes}", f"--ntasks-per-node={tasks}", PYTHON, TRAIN_PY, "--steps", steps,
+                         "--out", out], timeout=TIMEOUT)
+            cache[nodes, tasks, steps] = json.loads(out.read_text())
+        return cache[nodes, tasks, steps]
+
+    return run
+
+
+# --- tests ---------------------------------------------------------------------------------------------------
+
+
+def test_python_submission_trains_like_srun(cluster, example, reference, tmp_path):
+    from slurmdist.submit import Submitter, results
+
+    submitter = Submitter(nodes=2, tasks_per_node=2, time=5, folder=tmp_path / "%j")
+    job = submitter.submit(example.Train(["--steps", "40"], str(tmp_path / "ckpt.pt")))
+    outcome = results(job, timeout=TIMEOUT)
+    assert len(outcome) == 4 and all(r["launcher"] == "slurm" and r["world_size"] == 4 for r in outcome)
+    assert {r["checksum"] for r in outcome} == {reference(2, 2, 40)["checksum"]}
+    assert outcome[0]["restarts"] == 0 and outcome[0]["resumed_from_step"] == 0
+
+
+def test_map_array_runs_a_sweep(cluster, example, tmp_path):
+    from slurmdist.submit import Submitter, result
+
+    submitter = Submitter(nodes=2, tasks_per_node=1, time=5, folder=tmp_path / "%j")
+    jobs = submitter.map_array(example.train_seed, [1, 2, 3], [20] * 3, [str(tmp_path / "ckpt.pt")] * 3)
+    assert len(jobs) == 3 and len({job.job_id.split("_")[0] for job in jobs}) == 1  # one job array
+    outcomes = [result(job, timeout=TIMEOUT) for job in jobs]
+    assert all(r["world_size"] == 2 and r["steps"] == 20 for r in outcomes)
+    assert len({r["checksum"] for r in outcomes}) == 3  # three seeds, three models
+    assert sorted(p.name for p in tmp_path.glob("ckpt.pt.seed*")) == [f"ckpt.pt.seed{s}" for s in (1, 2, 3)]
+
+
+def test_cli_submit_wait_trains_like_srun(cluster, reference, tmp_path):
+    out = tmp_path / "result.json"
+    proc = cluster.run(
+        [PYTHON, "-m", "slurmdist", "submit", "--nodes", "2", "--tasks-per-node", "2", "--time", "5",
+         "--folder", tmp_path / "%j", "--wait", "--timeout", TIMEOUT, "--",
+         PYTHON, TRAIN_PY, "--steps", "40", "--out", out], timeout=TIMEOUT + 30)
+    job_id = re.search(r"submitted job (\d+)", proc.stdout).group(1)
+    assert f"{tmp_path}/{job_id}/{job_id}_0_log.out" in proc.stdout
+    assert "step 40/40" in proc.stdout  # rank 0's progress, followed live
+    assert f"job {job_id} COMPLETED" in proc.stderr
+    assert json.loads(out.read_text())["checksum"] == reference(2, 2, 40)["checksum"]
+
+
+def test_cli_wait_exits_with_the_job_status(cluster, tmp_path):
+    proc = cluster.run(
+        [PYTHON, "-m", "slurmdist", "submit", "--nodes", "2", "--tasks-per-node", "1", "--time", "5",
+         "--folder", tmp_path / "%j", "--wait", "--timeout", TIMEOUT, "--",
+         PYTHON, "-c", "import os, sys; sys.exit(3 if os.environ['SLURM_PROCID'] == '1' else 0)"],
+        timeout=TIMEOUT + 30, check=False)
+    assert proc.returncode == 1, proc.stderr
+    assert "FAILED" in proc.stderr and "command exited with status 3" in proc.stderr
+
+
+def test_preempted_job_checkpoints_requeues_and_resumes(cluster, example, tmp_path):
+    from slurmdist.submit import Submitter, results
+
+    steps = 400
+    submitter = Submitter(nodes=2, tasks_per_node=2, time=5, folder=tmp_path / "%j")
+    job = submitter.submit(example.Train(["--steps", str(steps)], str(tmp_path / "ckpt.pt")))
+    wait_for_line(job.paths.stdout, rf"step \d+/{steps}")  # training is under way
+    cluster.run(["scancel", "--signal=USR2", job.job_id])
+    outcome = results(job, timeout=TIMEOUT)
+    saved_step = outcome[0]["resumed_from_step"]
+    assert outcome[0]["restarts"] == 1
+    assert 0 < saved_step < steps
+    # The same as stopping train.py by hand at that step and rerunning it: the requeue lost and changed nothing.
+    assert {r["checksum"] for r in outcome} == {stopped_and_resumed(cluster, saved_step, steps, tmp_path)}
+    history = cluster.run(["sacct", "-n", "-P", "-D", "-X", "-o", "State", "-j", job.job_id]).stdout.split()
+    assert history == ["REQUEUED", "COMPLETED"]
+
+
+def test_remote_traceback_reaches_the_caller(cluster, tmp_path):
+    from slurmdist.submit import JobFailedError, Submitter, results
+
+    job = Submitter(nodes=2, tasks_per_node=1, time=5, folder=tmp_path / "%j").submit(fail_on_rank_one)
+    with pytest.raises(JobFailedError) as failure:
+        results(job, timeout=TIMEOUT)
+    assert "ValueError: rank 1 gives up" in str(failure.value)
+    assert failure.value.state == "FAILED"
+
+
+def test_a_killed_job_is_reported_from_accounting(cluster, tmp_path):
+    from slurmdist.submit import JobFailedError, Submitter, results
+
+    job = Submitter(nodes=1, tasks_per_node=1, time=5, folder=tmp_path / "%j").submit(time.sleep, 120)
+    wait_for_line(job.paths.stdout, "Loading pickle")
+    cluster.run(["scancel", job.job_id])
+    with pytest.raises(JobFailedError) as failure:
+        results(job, timeout=TIMEOUT)
+    assert failure.value.state == "CANCELLED"
+    # submitit itself reads sacct: with accounting it too sees the end, instead of waiting forever.
+    deadline = time.monotonic() + 30
+    while not job.done(force_check=True):
+        assert time.monotonic() < deadline, "submitit never saw the cancelled job end"
+        time.sleep(0.5)
+    assert job.state.startswith("CANCELLED")
+
+
+def test_local_executor_runs_the_same_code(cluster, example, reference, tmp_path):
+    from slurmdist.submit import Submitter, results
+
+    submitter = Submitter(nodes=1, tasks_per_node=2, time=5, folder=tmp_path / "%j", cluster="local")
+    job = submitter.submit(example.Train(["--steps", "40"], str(tmp_path / "ckpt.pt")))
+    outcome = results(job, timeout=TIMEOUT)
+    assert [r["launcher"] for r in outcome] == ["submitit-local"] * 2
+    assert {r["checksum"] for r in outcome} == {reference(2, 1, 40)["checksum"]}
+
+
+def stopped_and_resumed(cluster: LocalCluster, stop: int, steps: int, tmp_path: Path) -> str:
+    """train.py's checksum when run under srun to `stop`, then resumed from its checkpoint to `steps`."""
+    checkpoint, out = tmp_path / "by-hand.pt", tmp_path / "by-hand.json"
+    for until in (stop, steps):
+        cluster.run(["srun", "-N2", "--ntasks-per-node=2", PYTHON, TRAIN_PY, "--steps", until,
+                     "--checkpoint", checkpoint, "--out", out], timeout=TIMEOUT)
+    return json.loads(out.read_text())["checksum"]
+
+
+def fail_on_rank_one() -> None:
+    import slurmdist
+
+    env = slurmdist.init()
+    if env.rank == 1:
+        raise ValueError("rank 1 gives up")
+    slurmdist.barrier()
+
+
+def wait_for_line(path: Path, pattern: str, timeout: float = TIMEOUT) -> None:
+    deadline = time.monotonic() + timeout
+    while not (path.exists() and re.search(pattern, path.read_text(errors="replace"))):
+        assert time.monotonic() < deadline, f"{pattern!r} never appeared in {path}"
+        time.sleep(0.1)

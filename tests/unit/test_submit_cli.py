@@ -1,0 +1,63 @@
+"""`slurmdist submit` argument handling: options -> Submitter arguments, errors as exit status 2."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+
+from slurmdist.cli import build_parser, main
+from slurmdist.submit_cli import LogTail, command_of, parse_sbatch_options, submitter_options
+
+
+def parse(*argv):
+    return build_parser().parse_args(["submit", *argv])
+
+
+def test_options_become_submitter_arguments():
+    args = parse("--nodes", "2", "--gpus-per-node", "4", "--time", "1:00:00", "-p", "gpu", "--sbatch",
+                 "constraint=a100", "--sbatch", "exclusive", "--setup", "module load cuda", "--signal", "TERM",
+                 "--", "python", "train.py", "--steps", "5")
+    options = submitter_options(args)
+    assert {k: options[k] for k in ("nodes", "gpus_per_node", "time", "partition", "signal", "setup")} == {
+        "nodes": 2, "gpus_per_node": 4, "time": "1:00:00", "partition": "gpu", "signal": "TERM",
+        "setup": ["module load cuda"]}
+    assert options["sbatch"] == {"constraint": "a100", "exclusive": True}
+    assert command_of(args) == ["python", "train.py", "--steps", "5"]
+
+
+def test_the_command_keeps_its_own_options_and_odd_characters():
+    args = parse("--wait", "--", "python", "-c", "print('$(rm -rf /)'); x = 1 > 0", "--nodes", "3")
+    assert command_of(args) == ["python", "-c", "print('$(rm -rf /)'); x = 1 > 0", "--nodes", "3"]
+    assert args.nodes == 1 and args.wait
+
+
+def test_sbatch_needs_a_key():
+    with pytest.raises(Exception, match="KEY=VALUE"):
+        parse_sbatch_options(["=x"])
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["submit"], "needs a command"),
+    (["submit", "--nodes", "0", "--", "true"], "nodes=0"),
+    (["submit", "--time", "soon", "--", "true"], "time="),
+    (["submit", "--sbatch", "output=/tmp/x", "--", "true"], "set by slurmdist"),
+    (["submit", "--gpus-per-node", "4", "--tasks-per-node", "2", "--", "true"], "one task per GPU"),
+])
+def test_bad_requests_exit_2_with_a_message(argv, message, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_log_tail_prints_new_complete_lines_without_submitit_noise(tmp_path):
+    log = tmp_path / "0_log.out"
+    out = io.StringIO()
+    tail = LogTail(log, out)
+    tail.flush()  # no file yet
+    log.write_text("submitit INFO - Starting\nstep 10/40\nstep 2")
+    tail.flush()
+    with log.open("a") as stream:
+        stream.write("0/40\ndone\n")
+    tail.flush()
+    assert out.getvalue() == "step 10/40\nstep 20/40\ndone\n"

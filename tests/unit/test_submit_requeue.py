@@ -1,0 +1,111 @@
+"""slurmdist.requeue: signal parsing, the requeue decision, and the real handler on a real signal."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from slurmdist.requeue import (
+    Action, Preemption, RequeueError, Resumable, install, parse_signal, plan, requeue_limit, restart_count,
+)
+
+
+@pytest.mark.parametrize("spec, expected", [
+    ("USR2", signal.SIGUSR2), ("sigusr2", signal.SIGUSR2), ("TERM", signal.SIGTERM), (12, signal.Signals(12)),
+    (signal.SIGUSR1, signal.SIGUSR1),
+])
+def test_parse_signal(spec, expected):
+    assert parse_signal(spec) is expected
+
+
+def test_signal_defaults_to_usr2_and_reads_the_environment():
+    assert parse_signal(None, {}) is signal.SIGUSR2
+    assert parse_signal(None, {"SLURMDIST_REQUEUE_SIGNAL": "TERM"}) is signal.SIGTERM
+
+
+def test_unknown_signal_is_an_error():
+    with pytest.raises(RequeueError, match="not a signal"):
+        parse_signal("FOO")
+
+
+def test_restart_count_and_limit():
+    assert restart_count({}) == 0
+    assert restart_count({"SLURM_RESTART_COUNT": "2"}) == 2
+    assert requeue_limit(None, {}) == 10
+    assert requeue_limit(None, {"SLURMDIST_MAX_REQUEUES": "3"}) == 3
+    assert requeue_limit(1, {"SLURMDIST_MAX_REQUEUES": "3"}) == 1
+
+
+def test_plan_under_slurm_requeues_this_job():
+    decision = plan({"SLURM_JOB_ID": "42", "SLURM_RESTART_COUNT": "1"}, limit=3)
+    assert decision.action is Action.SLURM_REQUEUE
+    assert decision.command == ["scontrol", "requeue", "42"]
+
+
+def test_plan_gives_up_after_the_limit_and_outside_slurm():
+    out_of_requeues = plan({"SLURM_JOB_ID": "42", "SLURM_RESTART_COUNT": "3"}, limit=3)
+    assert out_of_requeues.action is Action.GIVE_UP and "already requeued 3 times" in out_of_requeues.reason
+    assert plan({}, limit=3).action is Action.GIVE_UP
+
+
+def test_plan_under_submitit_local_restarts_through_the_controller():
+    assert plan({"SUBMITIT_EXECUTOR": "local", "SLURM_JOB_ID": "7"}, limit=3).action is Action.LOCAL_RESTART
+
+
+@pytest.fixture
+def preemption():
+    handler = install("USR2", max_requeues=2, rank=0, environ={})
+    previous_term = signal.getsignal(signal.SIGTERM)
+    signal.signal(signal.SIGTERM, lambda *_: None)  # what submitit does in a job: the handler must undo it
+    try:
+        yield handler
+    finally:
+        handler.uninstall()
+        signal.signal(signal.SIGTERM, previous_term)
+
+
+def test_the_signal_sets_the_flag_and_makes_sigterm_fatal_again(preemption):
+    assert not preemption.requested
+    os.kill(os.getpid(), signal.SIGUSR2)
+    assert preemption.requested
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+def test_uninstall_restores_the_previous_handler():
+    def previous(signum, frame):
+        return None
+
+    old = signal.signal(signal.SIGUSR2, previous)
+    try:
+        install("USR2", rank=0, environ={}).uninstall()
+        assert signal.getsignal(signal.SIGUSR2) is previous
+    finally:
+        signal.signal(signal.SIGUSR2, old)
+
+
+def test_requeue_outside_slurm_says_why(preemption):
+    with pytest.raises(RequeueError, match="not a Slurm job"):
+        preemption.requeue(environ={})
+
+
+def test_requeue_on_other_ranks_returns_at_once():
+    Preemption(signal.SIGUSR2, limit=1, rank=3).requeue(environ={"SLURM_JOB_ID": "1"})
+
+
+class Counting(Resumable):
+    def run(self, preemption, start):
+        return (start, preemption.requested, signal.getsignal(signal.SIGUSR2) == preemption._on_signal)
+
+
+def test_resumable_listens_only_while_it_runs(tmp_path, monkeypatch):
+    monkeypatch.setenv("SLURMDIST_LAUNCHER", "single")
+    before = signal.getsignal(signal.SIGUSR2)
+    assert Counting(tmp_path / "ckpt.pt", signal="USR2")(5) == (5, False, True)
+    assert signal.getsignal(signal.SIGUSR2) == before
+
+
+def test_resumable_keeps_an_absolute_checkpoint_path(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert Counting("ckpt.pt").checkpoint_path == tmp_path / "ckpt.pt"
