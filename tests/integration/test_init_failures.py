@@ -34,7 +34,7 @@ def test_busy_master_port_is_an_error_not_a_hang():
         squatter.bind(("127.0.0.1", 0))
         squatter.listen()
         port = squatter.getsockname()[1]
-        results = finish(start_ranks([0, 1], 2, port, SLURMDIST_INIT_TIMEOUT="10"))
+        results = finish(start_ranks([0, 1], 2, port, SLURMDIST_INIT_TIMEOUT="5"))
     rank0, rank1 = results
     assert rank0.returncode != 0
     assert f"cannot listen on the rendezvous port {port}" in rank0.stderr

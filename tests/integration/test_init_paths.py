@@ -11,7 +11,10 @@ from workers.launch import (
 pytestmark = pytest.mark.integration
 
 
-@pytest.mark.parametrize("world", [4, 8])
+WORLDS = [4, pytest.param(8, marks=pytest.mark.slow)]  # 8 torch processes on 2 cores take a while
+
+
+@pytest.mark.parametrize("world", WORLDS)
 def test_explicit_environment(world):
     procs = start_ranks(reversed(range(world)), world, free_port())  # rank 0 last: the others wait for it
     results = finish(procs)
@@ -32,7 +35,7 @@ def test_torchrun_standalone():
     check_allreduce(result.stdout, 4, launcher="torchrun")
 
 
-@pytest.mark.parametrize("world", [4, 8])
+@pytest.mark.parametrize("world", WORLDS)
 def test_mpirun_shares_the_port_over_mpi4py(world):
     env = clean_environ(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     result = run([tool("mpirun"), "-np", str(world), "--oversubscribe", PYTHON, ALLREDUCE], env)
@@ -40,7 +43,7 @@ def test_mpirun_shares_the_port_over_mpi4py(world):
     check_allreduce(result.stdout, world, launcher="openmpi")
 
 
-@pytest.mark.parametrize("tasks_per_node", [2, 4])
+@pytest.mark.parametrize("tasks_per_node", [2, pytest.param(4, marks=pytest.mark.slow)])
 def test_srun_across_two_nodes_whose_names_do_not_resolve(slurm_cluster, tasks_per_node):
     # node1/node2 are not in DNS: the master address comes from Slurm's NodeAddr.
     result = slurm_cluster.run(

@@ -65,11 +65,12 @@ def test_run_prefix_separates_steps_restarts_and_calls():
 
 def meet(world, ranks, timeout):
     """Ranks as threads; returns {rank: None or the exception} after check_in + wait_all."""
-    port, outcome = free_port(), {}
+    port, outcome, meetings = free_port(), {}, []
 
     def rank_main(rank):
         try:
-            connect(env_of(rank, world, port), Deadline(timeout), {}).wait_all()
+            meetings.append(connect(env_of(rank, world, port), Deadline(timeout), {}))
+            meetings[-1].wait_all()  # rank 0's store must outlive the others' reads: kept in `meetings`
             outcome[rank] = None
         except Exception as exc:  # collected and asserted on below
             outcome[rank] = exc
