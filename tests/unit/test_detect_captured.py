@@ -1,0 +1,125 @@
+"""detect() over every launch captured from the local cluster: each launch must describe one consistent job.
+
+The checks are invariants a correct reading must satisfy, not values copied from the files: ranks are exactly
+0..N-1, every node's local ranks are exactly 0..local_world_size-1, per-node sizes add up to the world size,
+and every process of a launch agrees on the master.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from typing import Dict, List, Tuple
+
+import pytest
+
+from slurmdist import DistEnv, LaunchError, detect, hostlist
+from tests.conftest import FIXTURES, load_case
+
+ALL_SLURM = sorted(p.name for p in (FIXTURES / "slurm").iterdir() if p.is_dir())
+BATCH = [name for name in ALL_SLURM if name.endswith("_batchstep")]
+SALLOC = [name for name in ALL_SLURM if name.endswith("_shell")]
+LAUNCHES = [name for name in ALL_SLURM if name not in BATCH + SALLOC] + ["mpi/openmpi_np4", "mpi/mpich_np4"]
+
+
+def case_path(name: str) -> str:
+    return name if "/" in name else f"slurm/{name}"
+
+
+def launches_of(name: str) -> Dict[Tuple[str, str], List[Tuple[dict, DistEnv]]]:
+    """Processes of one capture grouped by (job, step): arrays and concurrent steps are separate launches."""
+    groups: Dict[Tuple[str, str], List[Tuple[dict, DistEnv]]] = defaultdict(list)
+    for environ in load_case(case_path(name)):
+        key = (environ.get("SLURM_JOB_ID", ""), environ.get("SLURM_STEP_ID", ""))
+        groups[key].append((environ, detect(environ)))
+    return groups
+
+
+def test_every_capture_is_classified():
+    assert set(BATCH) | set(SALLOC) | {n for n in LAUNCHES if "/" not in n} == set(ALL_SLURM)
+    assert len(LAUNCHES) >= 12
+
+
+@pytest.mark.parametrize("name", LAUNCHES)
+def test_each_launch_is_one_consistent_job(name):
+    for group in launches_of(name).values():
+        envs = [env for _, env in group]
+        world = envs[0].world_size
+        assert sorted(env.rank for env in envs) == list(range(world))
+        assert {env.world_size for env in envs} == {world}
+        assert len({(env.master_addr, env.master_port) for env in envs}) == 1
+        by_node: Dict[object, List[DistEnv]] = defaultdict(list)
+        for environ, env in group:
+            by_node[environ.get("SLURMD_NODENAME", env.node_rank)].append(env)
+        for node_envs in by_node.values():
+            sizes = {env.local_world_size for env in node_envs}
+            assert len(sizes) == 1
+            assert sorted(env.local_rank for env in node_envs) == list(range(sizes.pop()))
+        assert sum(node_envs[0].local_world_size for node_envs in by_node.values()) == world
+
+
+@pytest.mark.parametrize("name", [n for n in LAUNCHES if "/" not in n])
+def test_slurm_launches_agree_with_the_tasks_own_node(name):
+    for group in launches_of(name).values():
+        for environ, env in group:
+            if env.launcher != "slurm":
+                continue
+            assert env.rank == int(environ["SLURM_PROCID"]) and env.local_rank == int(environ["SLURM_LOCALID"])
+            step_hosts = hostlist.expand(environ["SLURM_STEP_NODELIST"])
+            assert env.master_addr == step_hosts[0] and len(step_hosts) == env.num_nodes
+
+
+def test_uneven_srun_layout_from_the_cluster():
+    envs = [env for group in launches_of("srun_N2_n3").values() for _, env in group]
+    assert sorted((env.node_rank, env.local_world_size) for env in envs) == [(0, 2), (0, 2), (1, 1)]
+
+
+def test_packed_four_node_layout():
+    envs = [env for group in launches_of("srun_N4_n8").values() for _, env in group]
+    assert {env.num_nodes for env in envs} == {4}
+    per_node = {env.node_rank: env.local_world_size for env in envs}
+    assert sum(per_node.values()) == 8 and len(per_node) == 4
+
+
+def test_concurrent_steps_of_one_allocation_use_different_ports():
+    ports = {key: {env.master_port for _, env in group} for key, group in launches_of("salloc_two_concurrent_steps").items()}
+    assert len(ports) == 2 and all(len(p) == 1 for p in ports.values())
+    assert len(set.union(*ports.values())) == 2
+
+
+def test_array_tasks_are_separate_jobs_with_separate_ports():
+    groups = launches_of("sbatch_array_srun")
+    assert len(groups) == 2
+    assert len({env.master_port for group in groups.values() for _, env in group}) == 2
+
+
+def test_mpirun_inside_an_allocation_reads_open_mpi_not_the_daemon_step():
+    for environ, env in next(iter(launches_of("salloc_N2_mpirun_np4").values())):
+        assert env.launcher == "openmpi"
+        assert env.rank == int(environ["OMPI_COMM_WORLD_RANK"])
+        assert env.local_rank == int(environ["OMPI_COMM_WORLD_LOCAL_RANK"])
+
+
+def test_srun_with_pmi2_from_the_cluster_is_slurm():
+    for _, env in next(iter(launches_of("srun_pmi2_N2_n4").values())):
+        assert env.launcher == "slurm"
+
+
+@pytest.mark.parametrize("name", BATCH)
+def test_batch_scripts_fail_fast_unless_they_asked_for_one_task(name):
+    for environ in load_case(case_path(name)):
+        tasks = int(environ.get("SLURM_NTASKS", "1"))
+        if tasks > 1:
+            with pytest.raises(LaunchError, match="srun"):
+                detect(environ)
+        else:
+            env = detect(environ)
+            assert (env.launcher, env.world_size) == ("single", 1)
+
+
+@pytest.mark.parametrize("name", SALLOC)
+def test_salloc_shells_are_single_processes_with_a_warning(name, caplog):
+    (environ,) = load_case(case_path(name))
+    with caplog.at_level(logging.WARNING, logger="slurmdist"):
+        env = detect(environ)
+    assert env.launcher == "single" and "srun" in caplog.text
