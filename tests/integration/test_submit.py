@@ -178,7 +178,7 @@ def test_cli_wait_exits_with_the_job_status(cluster, tmp_path):
 def test_preempted_job_checkpoints_requeues_and_resumes(cluster, example, tmp_path):
     from slurmdist.submit import Submitter, results
 
-    steps = 400
+    steps = 200
     submitter = Submitter(nodes=2, tasks_per_node=2, time=5, folder=tmp_path / "%j")
     job = submitter.submit(example.Train(["--steps", str(steps)], str(tmp_path / "ckpt.pt")))
     wait_for_line(job.paths.stdout, rf"step \d+/{steps}")  # training is under way
