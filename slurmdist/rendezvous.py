@@ -234,7 +234,7 @@ def resolve_master(
     """Fill in `master_addr`/`master_port` where `detect()` left them None, and make the address resolvable.
 
     MPI launches across nodes learn rank 0's address and a free port over mpi4py (every rank must call
-    this). A master name that is not in DNS is replaced by Slurm's NodeAddr. For the CLI, which exports the
+    this; MPI is finalized again when this call initialised it). A master name that is not in DNS is replaced by Slurm's NodeAddr. For the CLI, which exports the
     result before starting the training process.
     """
     environ = os.environ if environ is None else environ
@@ -246,6 +246,7 @@ def resolve_master(
             raise RendezvousError(
                 f"the {env.launcher} launch gave no master address/port; set MASTER_ADDR and MASTER_PORT"
             )
+        started_mpi = "mpi4py.MPI" not in sys.modules
         comm = mpi_comm(env, environ)
         mine = None
         if env.rank == 0:
@@ -253,6 +254,8 @@ def resolve_master(
                    f"{env.master_port or free_port()}"
         addr, port = mpi_broadcast(comm, mine, deadline).split()
         env = env.replace(master_addr=addr, master_port=int(port))
+        if started_mpi:  # the CLI execs the training process next: mpirun counts an unfinalized exit as a crash
+            sys.modules["mpi4py.MPI"].Finalize()
     return env.replace(master_addr=resolve_host(env.master_addr, environ, deadline.remaining()))
 
 

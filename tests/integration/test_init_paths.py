@@ -53,3 +53,12 @@ def test_srun_across_two_nodes_whose_names_do_not_resolve(slurm_cluster, tasks_p
     assert result.returncode == 0, result.stdout + result.stderr
     found = check_allreduce(result.stdout, 2 * tasks_per_node, launcher="slurm")
     assert {r["host"] for r in found} == {"node1", "node2"}
+
+
+def test_slurmdist_run_under_mpirun_exports_a_shared_master():
+    # resolve_master() over mpi4py, then torch's own env:// start in the exec'd command.
+    env = clean_environ(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    command = [PYTHON, "-m", "slurmdist", "run", "--", PYTHON, ALLREDUCE, "plain"]
+    result = run([tool("mpirun"), "-np", "4", "--oversubscribe", *command], env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    check_allreduce(result.stdout, 4, launcher="plain")
