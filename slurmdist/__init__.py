@@ -33,6 +33,8 @@ _LAZY = {
     "RankFilter": "logs",
     "rank_logger": "logs",
     "hostlist": "hostlist",
+    "submit": "submit",
+    "requeue": "requeue",
 }
 
 __all__ = [
@@ -63,7 +65,7 @@ def __dir__() -> list:
 
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
-    from . import hostlist
+    from . import hostlist, requeue, submit
     from .detection import detect
     from .exporting import export_env, torchrun_variables
     from .logs import RankFilter, print0, rank_logger

@@ -61,8 +61,11 @@ def build_parser() -> argparse.ArgumentParser:
     hosts.add_argument("hosts", nargs="+", help="a hostlist such as node[1-4]; for compress, host names")
     hosts.set_defaults(handler=_hostlist)
 
-    __import__(f"{__package__}.submit_cli", fromlist=["register"]).register(commands)  # `slurmdist submit`
-    __import__(f"{__package__}.sbatch_render", fromlist=["register"]).register(commands)  # `slurmdist sbatch`
+    # Subcommands defined next to the feature they drive; both modules import nothing heavy at load time.
+    from . import sbatch_render, submit_cli
+
+    submit_cli.register(commands)  # `slurmdist submit`
+    sbatch_render.register(commands)  # `slurmdist sbatch`
 
     return parser
 
