@@ -12,6 +12,9 @@ from .errors import LaunchError
 
 # torch stores ranks and sizes as 32-bit ints; anything larger is a corrupt variable, not a big job.
 MAX_COUNT = 2**31 - 1
+# A task-per-node list names one count per node; more nodes than this is a corrupt variable, and expanding
+# '1(x2147483646)' literally would allocate 16 GiB. (The largest machines have tens of thousands of nodes.)
+MAX_NODES = 2**20
 
 JOB_ID_VARIABLES = ("SLURM_JOB_ID", "SLURM_JOBID", "FLUX_JOB_ID", "LSB_JOBID", "PBS_JOBID", "PALS_APID")
 
@@ -89,8 +92,9 @@ def parse_tasks_per_node(name: str, raw: str) -> List[int]:
         else:
             repeat = 1
         count = _tasks_number(name, raw, count_text, minimum=0)
-        if len(counts) + repeat > MAX_COUNT:
-            raise LaunchError(f"{name}={raw!r} describes too many nodes", name, raw)
+        if len(counts) + repeat > MAX_NODES:
+            raise LaunchError(f"{name}={raw!r} describes more than {MAX_NODES} nodes; the variable is corrupt",
+                              name, raw)
         counts.extend([count] * repeat)
     return counts
 
