@@ -7,7 +7,6 @@ import importlib.util
 import json
 import os
 import re
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -16,25 +15,21 @@ from typing import Dict, Iterator
 import pytest
 
 
+from tests.integration.cluster import REPO, LocalCluster
+
+pytestmark = pytest.mark.integration
+
+TRAIN_PY = REPO / "examples" / "train.py"
+PYTHON = sys.executable
+TIMEOUT = 150  # seconds any one job may take here, requeue included
+
+
 def _load(name: str, path: Path):
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
-
-
-# The integration conftest's helpers (a module-scoped cluster needs them outside its function-scoped fixtures).
-_helpers = _load("_submit_cluster_helpers", Path(__file__).with_name("conftest.py"))
-REPO, LocalCluster, require = _helpers.REPO, _helpers.LocalCluster, _helpers.require
-run_checked, start_cluster = _helpers.run_checked, _helpers.start_cluster
-
-pytestmark = pytest.mark.integration
-
-ACCOUNTING = REPO / "scripts" / "local-accounting"
-TRAIN_PY = REPO / "examples" / "train.py"
-PYTHON = sys.executable
-TIMEOUT = 150  # seconds any one job may take here, requeue included
 
 
 def load_example(name: str):
@@ -46,63 +41,19 @@ def load_example(name: str):
     return module
 
 
-# --- a cluster with accounting -------------------------------------------------------------------------------
-
-
-def enable_accounting(cluster: LocalCluster) -> None:
-    """Start local-accounting for `cluster`, point slurm.conf at it and restart slurmctld (which reads
-    AccountingStorage* only at start). Stopgap until `local-cluster start --accounting` does this itself."""
-    lines = run_checked([ACCOUNTING, "start", "--dir", cluster.dir], env=dict(os.environ), timeout=120).stdout
-    conf = Path(cluster.env["SLURM_CONF"])
-    kept = [line for line in conf.read_text().splitlines() if not line.startswith("AccountingStorage")]
-    conf.write_text("\n".join(kept + lines.strip().splitlines()) + "\n")
-    state = cluster.dir / "cluster.state"
-    old_pid = int(re.search(r"^CTLD_PID=(\d+)$", state.read_text(), re.M).group(1))
-    os.kill(old_pid, 15)
-    deadline = time.monotonic() + 30
-    while Path(f"/proc/{old_pid}").exists() and "zombie" not in _status(old_pid) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    launcher = (f"setsid {cluster.dir}/bin/slurmctld -D -f {conf} </dev/null >>{cluster.dir}/log/slurmctld.log "
-                "2>&1 & echo $!")
-    new_pid = subprocess.run(["sh", "-c", launcher], env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
-                             "SLURM_CONF": str(conf)}, capture_output=True, text=True, timeout=10).stdout.strip()
-    state.write_text(re.sub(r"^CTLD_PID=\d+$", f"CTLD_PID={new_pid}", state.read_text(), flags=re.M))
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        idle = cluster.run(["sinfo", "-h", "-o", "%t"], check=False, timeout=10).stdout.split()
-        if idle and all(s == "idle" for s in idle):
-            return
-        time.sleep(0.2)
-    raise AssertionError("nodes not idle after restarting slurmctld with accounting")
-
-
-def _status(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/status").read_text().lower()
-    except OSError:
-        return "zombie"
-
-
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    """A 2-node cluster whose jobs sacct reports; its variables in os.environ for in-process submission."""
-    for tool in ("mariadbd", "slurmdbd", "sacct"):
-        require(tool)
+def cluster(slurm_cluster: LocalCluster) -> Iterator[LocalCluster]:
+    """The session's cluster (accounting on, so sacct reports failed and cancelled jobs), with its
+    variables in os.environ for in-process submission."""
     import cloudpickle
 
     cloudpickle.register_pickle_by_value(sys.modules[__name__])  # jobs run this module's functions
-    started = start_cluster(tmp_path_factory.mktemp("cluster"))
-    try:
-        enable_accounting(started)
-        with pytest.MonkeyPatch.context() as patch:
-            for key in [k for k in os.environ if k.startswith("SLURM_")]:
-                patch.delenv(key)
-            for key, value in started.env.items():
-                patch.setenv(key, value)
-            yield started
-    finally:
-        started.stop()
-        run_checked([ACCOUNTING, "stop", "--dir", started.dir], env=dict(os.environ), timeout=60, check=False)
+    with pytest.MonkeyPatch.context() as patch:
+        for key in [k for k in os.environ if k.startswith("SLURM_")]:
+            patch.delenv(key)
+        for key, value in slurm_cluster.env.items():
+            patch.setenv(key, value)
+        yield slurm_cluster
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,113 @@
+"""Driving a real multi-node Slurm cluster on this machine (``scripts/local-cluster``) from tests.
+
+``require(tool)`` skips a test when a prerequisite is missing, except under ``CI=true`` where it fails: CI
+must never skip silently. The pytest fixtures built on these helpers live in conftest.py.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, Sequence
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+LOCAL_CLUSTER = REPO / "scripts" / "local-cluster"
+# Daemons live in sbin, which is often not on a normal user's PATH.
+SBIN_DIRS = ("/usr/sbin", "/sbin", "/usr/local/sbin")
+# What starting a cluster needs; the script installs missing packages only when run as root.
+CLUSTER_TOOLS = ("munged", "slurmctld", "slurmd", "slurmstepd", "srun", "sinfo", "unshare")
+START_TIMEOUT = 120  # seconds; a normal start takes about one
+STOP_TIMEOUT = 60
+
+
+def missing_prerequisite(message: str) -> None:
+    """Skip, or fail under CI=true: a CI run must never pass by skipping what it was meant to test."""
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(f"prerequisite missing in CI: {message}", pytrace=False)
+    pytest.skip(message)
+
+
+def require(tool: str) -> str:
+    """Path of ``tool`` (searched on PATH and in the sbin dirs), else skip (fail under CI=true)."""
+    path = shutil.which(tool, path=os.pathsep.join([os.environ.get("PATH", ""), *SBIN_DIRS]))
+    if path is None:
+        missing_prerequisite(
+            f"{tool} not found; install Debian's munge slurmctld slurmd slurm-client "
+            f"(or run `sudo {LOCAL_CLUSTER.relative_to(REPO)} start`, which installs them)"
+        )
+    return path
+
+
+def client_environ(extra: Dict[str, str]) -> Dict[str, str]:
+    """os.environ without any outer job's SLURM_* variables (they would point srun at a foreign job)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env.update(extra)
+    return env
+
+
+def run_checked(args: Sequence[str], env: Dict[str, str], timeout: float, check: bool = True, **kw):
+    """subprocess.run with a timeout; a failure shows the command and everything it printed."""
+    proc = subprocess.run(
+        [str(a) for a in args], env=env, timeout=timeout, capture_output=True, text=True, **kw
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(
+            f"`{shlex.join(str(a) for a in args)}` exited {proc.returncode}\n"
+            f"--- stdout:\n{proc.stdout}--- stderr:\n{proc.stderr}"
+        )
+    return proc
+
+
+def parse_exports(text: str) -> Dict[str, str]:
+    """The ``export KEY='value'`` lines printed by ``local-cluster env``."""
+    env = {}
+    for line in text.splitlines():
+        words = shlex.split(line)
+        if len(words) == 2 and words[0] == "export" and "=" in words[1]:
+            key, _, value = words[1].partition("=")
+            env[key] = value
+    return env
+
+
+@dataclass
+class LocalCluster:
+    """A running local cluster: ``env`` to merge into client environments, ``run`` a client command."""
+
+    dir: Path
+    env: Dict[str, str] = field(default_factory=dict)
+
+    def script(self, command: str, *args: str, timeout: float = STOP_TIMEOUT, check: bool = True):
+        """Run ``scripts/local-cluster COMMAND --dir DIR ARGS...``."""
+        return run_checked(
+            [LOCAL_CLUSTER, command, "--dir", self.dir, *args],
+            env=client_environ({}), timeout=timeout, check=check,
+        )
+
+    def run(self, args: Sequence[str], timeout: float = 60, check: bool = True, **kw):
+        """Run a client command (srun, sbatch, salloc, scontrol, ...) against this cluster."""
+        env = client_environ({**self.env, **kw.pop("env", {})})
+        return run_checked(args, env=env, timeout=timeout, check=check, **kw)
+
+    def stop(self) -> None:
+        self.script("stop")
+
+
+def start_cluster(directory: Path, *args: str) -> LocalCluster:
+    """Start a cluster in ``directory`` (extra ``args`` such as ``--nodes 3``), skipping if impossible."""
+    for tool in CLUSTER_TOOLS:
+        require(tool)
+    if os.geteuid() != 0:
+        missing_prerequisite("the local Slurm cluster needs root (mknod, unshare --uts)")
+    cluster = LocalCluster(dir=directory)
+    proc = cluster.script("start", *args, timeout=START_TIMEOUT)
+    cluster.env = parse_exports(proc.stdout)
+    assert "SLURM_CONF" in cluster.env, proc.stdout + proc.stderr
+    return cluster
+
+
