@@ -9,9 +9,8 @@
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from .distenv import DistEnv
 from .errors import BackendError, HostlistError, LaunchError, RendezvousError, SlurmdistError
 
 __version__ = "0.1.0"
@@ -19,6 +18,7 @@ __version__ = "0.1.0"
 # Public name -> module that defines it. Loaded lazily so that `import slurmdist` costs microseconds and
 # never drags in torch: only `init()` and friends need it.
 _LAZY = {
+    "DistEnv": "distenv",
     "detect": "detection",
     "torchrun_variables": "exporting",
     "export_env": "exporting",
@@ -38,7 +38,6 @@ _LAZY = {
 }
 
 __all__ = [
-    "DistEnv",
     "SlurmdistError",
     "LaunchError",
     "HostlistError",
@@ -48,7 +47,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     module_name = _LAZY.get(name)
     if module_name is None:
         raise AttributeError(f"module 'slurmdist' has no attribute {name!r}")
@@ -66,6 +65,7 @@ def __dir__() -> list:
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only
     from . import hostlist, requeue, submit
+    from .distenv import DistEnv
     from .detection import detect
     from .exporting import export_env, torchrun_variables
     from .logs import RankFilter, print0, rank_logger

@@ -6,8 +6,6 @@ is usually looking at the log of a job that has already failed on a cluster.
 
 from __future__ import annotations
 
-from typing import Optional
-
 
 class SlurmdistError(Exception):
     """Base class of every error slurmdist raises on purpose."""
@@ -16,7 +14,7 @@ class SlurmdistError(Exception):
 class LaunchError(SlurmdistError):
     """The launcher environment is missing, malformed or contradicts itself."""
 
-    def __init__(self, message: str, variable: Optional[str] = None, value: Optional[str] = None) -> None:
+    def __init__(self, message: str, variable: str | None = None, value: str | None = None) -> None:
         super().__init__(message)
         self.variable = variable
         self.value = value
