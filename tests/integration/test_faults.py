@@ -1,0 +1,213 @@
+"""Faults injected into real runs on the local Slurm cluster: every surviving rank must exit non-zero within
+the configured timeout plus a margin, saying what happened; nothing may hang.
+
+Each case launches `workers/fault_worker.py` with srun (gloo, real process groups); the victim rank fails in
+the chosen way and the others report their exit time and message (see the worker). Timeouts are short
+here (`SLURMDIST_INIT_TIMEOUT`, `SLURMDIST_COLLECTIVE_TIMEOUT`) so a case costs seconds, not minutes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import pytest
+
+from reliability import reliability_record  # noqa: F401  (fixture)
+
+pytestmark = pytest.mark.integration
+RELIABILITY_SECTION = "Faults in real runs"
+
+WORKERS = Path(__file__).resolve().parent / "workers"
+FAULT_WORKER = WORKERS / "fault_worker.py"
+PYTHON = sys.executable
+INIT_TIMEOUT = 6.0
+COLLECTIVE_TIMEOUT = 6.0
+# Torch imports alone take seconds per process on a busy 2-core machine: the margin absorbs that, the bound
+# still catches a hang (the defaults are 300 s and 1800 s).
+MARGIN = 30.0
+RUN_TIMEOUT = 180
+
+
+def timeouts(**extra: str) -> Dict[str, str]:
+    return {"SLURMDIST_INIT_TIMEOUT": str(INIT_TIMEOUT), "SLURMDIST_COLLECTIVE_TIMEOUT": str(COLLECTIVE_TIMEOUT),
+            **extra}
+
+
+def reports(out: Path, world: int) -> Dict[int, dict]:
+    found = {}
+    for rank in range(world):
+        path = out / f"rank{rank}.json"
+        if path.exists():
+            found[rank] = json.loads(path.read_text())
+    return found
+
+
+def fault_time(out: Path) -> Optional[float]:
+    path = out / "fault.json"
+    return json.loads(path.read_text())["time"] if path.exists() else None
+
+
+def srun_faulty(cluster, out: Path, *worker_args: str, nodes: int = 2, tasks: int = 2, env=None):
+    started = time.time()
+    proc = cluster.run(["srun", f"-N{nodes}", f"--ntasks-per-node={tasks}", "--kill-on-bad-exit=0", PYTHON,
+                        FAULT_WORKER, out, *worker_args], timeout=RUN_TIMEOUT, check=False,
+                       env=env or timeouts())
+    return started, proc
+
+
+def summarize(found: Dict[int, dict], survivors: List[int]) -> str:
+    errors = {found[r].get("error", found[r]["outcome"]) for r in survivors if r in found}
+    message = next((found[r]["message"] for r in survivors if found.get(r, {}).get("message")), "")
+    return f"ranks {survivors} exit 1 with {'/'.join(sorted(errors))}: \"{message[:160]}\""
+
+
+CASES = {
+    # name: (worker args, victim, survivors' bound, expected message fragments (any of))
+    "a rank never starts": (["--fault", "never-start", "--victim", "3"], 3, INIT_TIMEOUT,
+                            ["rank(s) 3 never arrived"]),
+    "a rank dies after init, during training": (["--fault", "die", "--victim", "2"], 2, COLLECTIVE_TIMEOUT,
+                                                ["Connection closed by peer", "Connection reset", "timed out",
+                                                 "Timed out"]),
+    "a rank hangs in training (alive, silent)": (["--fault", "hang", "--victim", "1"], 1, COLLECTIVE_TIMEOUT,
+                                                 ["Timed out", "timed out", "Timeout"]),
+    "rank 0 (store host) dies during training": (["--fault", "die", "--victim", "0"], 0, COLLECTIVE_TIMEOUT,
+                                                 ["Connection closed by peer", "Connection reset", "timed out",
+                                                  "Timed out"]),
+    "rank 0 (store host) dies during the rendezvous": (
+        ["--fault", "die-in-rendezvous", "--victim", "0", "--at", "2", "--late", "3", "--delay", "4"], 0,
+        INIT_TIMEOUT, ["lost the rendezvous store", "nothing listens", "rendezvous"]),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_surviving_ranks_exit_non_zero_in_bounded_time(slurm_cluster, tmp_path, case, reliability_record):
+    worker_args, victim, bound, fragments = CASES[case]
+    out = tmp_path / "out"
+    started, proc = srun_faulty(slurm_cluster, out, *worker_args)
+    found = reports(out, 4)
+    survivors = [r for r in range(4) if r != victim]
+    fault = fault_time(out) or started
+    ends = [found[r]["end"] for r in survivors if r in found]
+    detect = max(ends) - fault if len(ends) == len(survivors) else None
+    reliability_record(
+        case, f"srun -N2 --ntasks-per-node=2, gloo, init timeout {INIT_TIMEOUT:.0f} s, collective timeout "
+        f"{COLLECTIVE_TIMEOUT:.0f} s", " ".join(worker_args), detect, summarize(found, survivors),
+    )
+    assert sorted(found) == sorted(set(survivors) | ({victim} & set(found))), proc.stderr
+    for rank in survivors:
+        assert found[rank]["outcome"] == "error", (rank, found[rank], proc.stderr)
+        assert any(f in found[rank]["message"] for f in fragments), (rank, found[rank]["message"])
+    assert proc.returncode != 0
+    assert detect is not None and detect < bound + MARGIN, (detect, found)
+
+
+# --- ports: taken, unresolvable master, concurrent steps and jobs -------------------------------------------
+
+# Run inside `salloc`: squat on the port slurmdist derives for step 0 of this job (a leftover process on the
+# master node), then start the step.
+SQUAT_THEN_SRUN = """
+import os, socket, subprocess, sys
+from slurmdist.ports import step_port
+port = step_port(os.environ["SLURM_JOB_ID"], "0")
+squatter = socket.socket()
+squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+squatter.bind(("0.0.0.0", port))
+squatter.listen()
+print("squatting on", port, flush=True)
+sys.exit(subprocess.run(["srun", "--kill-on-bad-exit=0", *sys.argv[1:]], timeout=150).returncode)
+"""
+
+# Run inside `salloc -N2 -n4`: two steps of two tasks at once (--exact: each takes only its own CPUs).
+TWO_STEPS = """
+import subprocess, sys
+steps = [subprocess.Popen(["srun", "--exact", "-N2", "-n2", *sys.argv[1:-1], f"{sys.argv[-1]}/step{i}"])
+         for i in range(2)]
+sys.exit(max(step.wait(timeout=150) for step in steps))
+"""
+
+
+def test_master_port_taken_on_the_master_node(slurm_cluster, tmp_path, reliability_record):
+    out = tmp_path / "out"
+    started = time.time()
+    proc = slurm_cluster.run(["salloc", "-N2", "--ntasks-per-node=2", PYTHON, "-c", SQUAT_THEN_SRUN, PYTHON,
+                              FAULT_WORKER, out], timeout=RUN_TIMEOUT, check=False, env=timeouts())
+    found = reports(out, 4)
+    ends = [r["end"] for r in found.values() if "end" in r]
+    detect = max(ends) - started if len(ends) == 4 else None
+    reliability_record("the master port is taken (leftover process on the master node)",
+                       "salloc -N2 -n4; a socket listens on the step's derived port; srun", "port squatted",
+                       detect, summarize(found, list(range(4))))
+    assert sorted(found) == [0, 1, 2, 3], proc.stdout + proc.stderr
+    assert all(r["outcome"] == "error" for r in found.values())
+    assert "cannot listen on the rendezvous port" in found[0]["message"]
+    assert proc.returncode != 0 and detect < INIT_TIMEOUT + MARGIN
+
+
+def test_master_name_that_does_not_resolve(slurm_cluster, tmp_path, reliability_record):
+    out = tmp_path / "out"
+    started, proc = srun_faulty(slurm_cluster, out, env=timeouts(MASTER_ADDR="no-such-node.invalid"))
+    found = reports(out, 4)
+    ends = [r["end"] for r in found.values() if "end" in r]
+    detect = max(ends) - started if len(ends) == 4 else None
+    reliability_record("the master name does not resolve (DNS nor Slurm)",
+                       "srun -N2 -n4 with MASTER_ADDR=no-such-node.invalid", "unresolvable master", detect,
+                       summarize(found, list(range(4))))
+    assert sorted(found) == [0, 1, 2, 3]
+    for record in found.values():
+        assert record["outcome"] == "error" and "does not resolve" in record["message"]
+    assert detect < INIT_TIMEOUT + MARGIN
+
+
+def ports_used(out: Path) -> List[int]:
+    return sorted({r["master_port"] for path in out.rglob("rank*.json")
+                   for r in [json.loads(path.read_text())] if r.get("outcome") == "ok"})
+
+
+def test_two_srun_steps_at_once_in_one_allocation(slurm_cluster, tmp_path, reliability_record):
+    out = tmp_path / "out"
+    started = time.time()
+    proc = slurm_cluster.run(["salloc", "-N2", "-n4", PYTHON, "-c", TWO_STEPS, PYTHON, FAULT_WORKER, "--steps",
+                              "10", out], timeout=RUN_TIMEOUT, check=False, env=timeouts())
+    steps = [reports(out / f"step{i}", 2) for i in range(2)]
+    ok = [sum(r.get("outcome") == "ok" for r in step.values()) for step in steps]
+    reliability_record("two srun steps at once in one allocation", "salloc -N2 -n4; 2 x srun --exact -N2 -n2",
+                       "concurrent steps", time.time() - started,
+                       f"exit {proc.returncode}; ranks ok per step {ok}; master ports {ports_used(out)}")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert ok == [2, 2] and len(ports_used(out)) == 2
+
+
+def test_two_jobs_share_a_node(slurm_cluster, tmp_path, reliability_record):
+    started = time.time()
+    env = client_env(slurm_cluster, timeouts())
+    jobs = [subprocess.Popen(["srun", "-N1", "-n2", "-w", "node1", PYTHON, str(FAULT_WORKER), "--steps", "10",
+                              str(tmp_path / f"job{i}")], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True) for i in range(2)]
+    codes = []
+    for job in jobs:
+        try:
+            job.communicate(timeout=RUN_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            job.kill()
+            job.communicate()
+        codes.append(job.returncode)
+    ok = [sum(r.get("outcome") == "ok" for r in reports(tmp_path / f"job{i}", 2).values()) for i in range(2)]
+    reliability_record("two jobs share a node", "2 x srun -N1 -n2 -w node1 at once (OverSubscribe)",
+                       "concurrent jobs", time.time() - started,
+                       f"exit codes {codes}; ranks ok per job {ok}; master ports {ports_used(tmp_path)}")
+    assert codes == [0, 0] and ok == [2, 2] and len(ports_used(tmp_path)) == 2
+
+
+def client_env(cluster, extra: Dict[str, str]) -> Dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env.update(cluster.env)
+    env.update(extra)
+    return env
