@@ -6,11 +6,11 @@
 #
 # Results: runs/sweep-<array job id>/lr-<lr>/result.json, one per element; logs: sweep-<array job id>_<index>.out
 #
-#SBATCH --job-name=sweep
+#SBATCH --job-name=sweep          # %x in file names below
 #SBATCH --array=0-3%2             # indices into LRS below; %2 = at most two elements run at once
 #SBATCH --nodes=1                 # each element: one machine...
 #SBATCH --ntasks-per-node=4       # ...one task per GPU
-#SBATCH --gpus-per-node=4
+#SBATCH --gpus-per-node=4         # Slurm sets CUDA_VISIBLE_DEVICES for the four GPUs
 #SBATCH --cpus-per-task=8         # cores per rank
 #SBATCH --time=00:30:00           # per element, hh:mm:ss
 #SBATCH --signal=USR2@120         # SIGUSR2 to every task 120 s before the limit: train.py checkpoints

@@ -7,7 +7,7 @@
 #
 # Logs: <job name>-<job id>.out in the submit directory. Result and checkpoint: runs/<job name>-<job id>/.
 #
-#SBATCH --job-name=train_2n4g
+#SBATCH --job-name=train_2n4g     # shown by squeue; %x in file names below
 #SBATCH --nodes=2                 # two machines
 #SBATCH --ntasks-per-node=4       # one task (one Python process) per GPU
 #SBATCH --gpus-per-node=4         # Slurm sets CUDA_VISIBLE_DEVICES for the four GPUs of each node

@@ -7,7 +7,7 @@
 #   sbatch sbatch/train_mpirun.sh
 #   TRAIN_STEPS=20 sbatch --cpus-per-task=2 sbatch/train_mpirun.sh
 #
-#SBATCH --job-name=train_mpirun
+#SBATCH --job-name=train_mpirun   # shown by squeue; %x in file names below
 #SBATCH --nodes=2                 # two machines
 #SBATCH --ntasks-per-node=4       # MPI slots per node: one rank per GPU
 #SBATCH --gpus-per-node=4         # every rank on a node sees the node's four GPUs; slurmdist picks by local rank

@@ -4,7 +4,7 @@
 #
 #   sbatch sbatch/train_npu.sh
 #
-#SBATCH --job-name=train_npu
+#SBATCH --job-name=train_npu      # shown by squeue; %x in file names below
 #SBATCH --nodes=2                 # two machines
 #SBATCH --ntasks-per-node=8       # one task per NPU (Atlas 800 training servers have 8)
 #SBATCH --gres=npu:8              # the GRES name your site gave its NPUs: check `scontrol show node`

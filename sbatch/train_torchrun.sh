@@ -6,7 +6,7 @@
 #   sbatch sbatch/train_torchrun.sh
 #   TRAIN_STEPS=20 NPROC_PER_NODE=2 sbatch --cpus-per-task=2 --gpus-per-node=2 sbatch/train_torchrun.sh
 #
-#SBATCH --job-name=train_torchrun
+#SBATCH --job-name=train_torchrun # shown by squeue; %x in file names below
 #SBATCH --nodes=2                 # two machines
 #SBATCH --ntasks-per-node=1       # one torchrun agent per node; it forks the per-GPU workers itself
 #SBATCH --gpus-per-node=4         # all four GPUs of a node go to its single task (and so to torchrun)

@@ -116,11 +116,13 @@ def render(spec: JobSpec, workers_per_node: Optional[int] = None) -> str:
         'echo "job $SLURM_JOB_ID: $SLURM_NNODES node(s) ($SLURM_JOB_NODELIST), $SLURM_NTASKS task(s)"',
         "",
     ]
+    launch = launch_lines(spec, workers_per_node)
     if any(mark in word for word in spec.command for mark in ("$", "`")):
-        # The command's `$`/backticks are quoted on purpose: they reach the program as typed.
-        lines.append("# shellcheck disable=SC2016")
-    lines += launch_lines(spec, workers_per_node)
-    return "\n".join(lines) + "\n"
+        # The command's `$`/backticks are quoted on purpose: they reach the program as typed. The directive
+        # covers the one command that follows it: the launcher line.
+        last = max(i for i, line in enumerate(launch) if line.startswith(("srun ", "mpirun ")))
+        launch.insert(last, "# shellcheck disable=SC2016")
+    return "\n".join(lines + launch) + "\n"
 
 
 def sbatch_options(spec: JobSpec) -> List[str]:

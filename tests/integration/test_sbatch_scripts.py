@@ -1,0 +1,78 @@
+"""Every shell script we ship passes shellcheck and `bash -n`, and the job scripts keep their promises.
+
+shellcheck missing: a skip locally, a failure under CI=true (conftest's `require`).
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+from typing import List
+
+import pytest
+
+from conftest import REPO, require
+from slurmdist.sbatch_render import JobSpec, render
+
+JOB_SCRIPTS = sorted((REPO / "sbatch").glob("*.sh"))
+TIMEOUT = 60
+
+
+def shell_scripts() -> List[Path]:
+    """sbatch/*.sh and every script in scripts/ that starts with a bash or sh shebang."""
+    found = list(JOB_SCRIPTS)
+    for path in sorted((REPO / "scripts").iterdir()):
+        if path.is_file() and re.match(r"#!.*\b(ba)?sh\b", path.read_text(errors="replace").split("\n", 1)[0]):
+            found.append(path)
+    return found
+
+
+def shellcheck(path: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([require("shellcheck"), "--external-sources", str(path)], cwd=REPO,
+                          capture_output=True, text=True, timeout=TIMEOUT)
+
+
+def test_there_are_scripts_to_check():
+    names = {path.name for path in shell_scripts()}
+    assert {"train_2n4g.sh", "train_torchrun.sh", "train_mpirun.sh", "train_npu.sh", "sweep_array.sh",
+            "demo", "local-cluster"} <= names
+
+
+@pytest.mark.parametrize("path", shell_scripts(), ids=lambda p: str(p.relative_to(REPO)))
+def test_shellcheck_passes(path):
+    done = shellcheck(path)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("path", shell_scripts(), ids=lambda p: str(p.relative_to(REPO)))
+def test_bash_parses(path):
+    done = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True, timeout=TIMEOUT)
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize("path", JOB_SCRIPTS, ids=lambda p: p.name)
+def test_job_scripts_are_explained_and_strict(path):
+    text = path.read_text()
+    lines = text.splitlines()
+    sbatch_lines = [line for line in lines if line.startswith("#SBATCH")]
+    assert sbatch_lines, "a job script without #SBATCH lines"
+    uncommented = [line for line in sbatch_lines if "#" not in line[len("#SBATCH"):]]
+    assert not uncommented, f"#SBATCH lines need a comment saying why: {uncommented}"
+    assert "set -euo pipefail" in text
+    assert "--time=" in text, "every job states its time limit"
+    if re.search(r"^\s*srun ", text, re.M) and "--cpus-per-task" in text:
+        # Slurm >= 22.05: srun does not inherit --cpus-per-task from the allocation.
+        assert "export SRUN_CPUS_PER_TASK=" in text
+
+
+@pytest.mark.parametrize("launcher", ["srun", "torchrun", "mpirun"])
+@pytest.mark.parametrize("device", ["gpu", "npu"])
+def test_rendered_scripts_pass_shellcheck(tmp_path, launcher, device):
+    words = ["train.py", "--name", "it's $(id) `id`; x"] if launcher == "torchrun" else \
+        ["python", "train.py", "--name", "it's $(id) `id`; x"]
+    path = tmp_path / "job.sh"
+    path.write_text(render(JobSpec(command=tuple(words), nodes=2, gpus_per_node=4, partition="gpu", account="p",
+                                   launcher=launcher, device=device)))
+    done = shellcheck(path)
+    assert done.returncode == 0, done.stdout + path.read_text()
