@@ -1,0 +1,90 @@
+"""`python -m benchmarks [--quick] [--only hostlist,startup,bootstrap,scaling] [--out DIR]`.
+
+Runs the chosen benchmarks one after the other and writes DIR/benchmarks.md (default: docs/) with plots in
+DIR/img/. A benchmark that fails is reported as failed in the page and the others still run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import List, Optional, Sequence
+
+from . import machine, report
+from .context import Context
+
+MODULES = {"hostlist": "hostlists", "startup": "startup", "bootstrap": "bootstrap", "scaling": "scaling"}
+TITLES = {"hostlist": "Hostlists", "startup": "Start-up cost", "bootstrap": "Bootstrap latency", "scaling": "Scaling"}
+TEXT = Path(__file__).resolve().parent / "text"
+
+
+def parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer runs and sizes (about a minute)")
+    parser.add_argument("--only", default=",".join(MODULES),
+                        help=f"comma-separated subset of: {','.join(MODULES)} (default: all)")
+    parser.add_argument("--ranks", default=None,
+                        help="bootstrap world sizes, comma-separated (default: 4,8; --quick: 4)")
+    parser.add_argument("--use-allocation", action="store_true",
+                        help="bootstrap inside the current Slurm allocation (a GPU cluster) instead of the local "
+                             "test cluster: srun with slurmdist vs torchrun on every node")
+    parser.add_argument("--out", type=Path, default=machine.REPO / "docs",
+                        help="directory for benchmarks.md and img/ (default: the repository's docs/)")
+    args = parser.parse_args(argv)
+    chosen = [name.strip() for name in args.only.split(",") if name.strip()]
+    unknown = [name for name in chosen if name not in MODULES]
+    if unknown or not chosen:
+        parser.error(f"--only takes names from {','.join(MODULES)}; got {args.only!r}")
+    args.only = chosen
+    try:
+        args.ranks = tuple(int(r) for r in args.ranks.split(",")) if args.ranks else None
+    except ValueError:
+        parser.error(f"--ranks takes comma-separated integers; got {args.ranks!r}")
+    if args.use_allocation and "SLURM_JOB_ID" not in os.environ:
+        parser.error("--use-allocation runs inside a Slurm allocation (salloc/sbatch): SLURM_JOB_ID is not set")
+    return args
+
+
+def run_one(name: str, ctx: Context) -> report.Section:
+    """One benchmark's section; a crash becomes a section that says so."""
+    started = time.monotonic()
+    try:
+        module = importlib.import_module(f".{MODULES[name]}", __package__)
+        section = module.run(ctx)
+    except Exception as exc:
+        ctx.say(f"!! {name} failed: {type(exc).__name__}: {exc}")
+        section = report.Section(name, TITLES[name])
+        section.add(f"**This benchmark failed** in this run: `{type(exc).__name__}: {str(exc)[:300]}`", "", "```",
+                    *traceback.format_exc().strip().splitlines()[-12:], "```")
+    elapsed = time.monotonic() - started
+    section.add("", f"_({name}: {elapsed:.0f} s of wall time{' with --quick' if ctx.quick else ''})_")
+    ctx.say(f"   {name} done in {elapsed:.1f} s")
+    return section
+
+
+def header(info: dict) -> str:
+    rows = [[key, value] for key, value in info.items()]
+    return "\n".join([(TEXT / "intro.md").read_text(encoding="utf-8").rstrip(), "",
+                      "Last run on:", "", *report.table(["", ""], rows), ""])
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parse(argv)
+    info = machine.describe()
+    ctx = Context(quick=args.quick, img_dir=args.out / "img", machine=machine.summary(info), ranks=args.ranks,
+                  use_allocation=args.use_allocation)
+    ctx.say(f"benchmarks: {', '.join(args.only)}{' (quick)' if args.quick else ''} on {ctx.machine}")
+    sections: List[report.Section] = [run_one(name, ctx) for name in args.only]
+    page = args.out / "benchmarks.md"
+    report.write_page(page, header(info), (TEXT / "gpu-cluster.md").read_text(encoding="utf-8"), sections)
+    ctx.say(f"wrote {page}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,108 @@
+"""One rank of a bootstrap run: form the process group, one all_reduce, one `BENCH {json}` line on stdout.
+
+`python boot_worker.py slurmdist` calls `slurmdist.init()`; `python boot_worker.py torch` calls
+`torch.distributed.init_process_group()` with env:// as a torchrun user does. A standalone script (no
+imports from the benchmarks package) so that srun, torchrun and mpirun can start it from any directory.
+Importing torch is left out of the timed part: every launcher pays it alike. With BENCH_SYNC_DIR and
+BENCH_RANKS set, every rank waits after its imports until all have imported (a file each in that
+directory), so the timed part starts together on every rank instead of whenever torch finished importing
+on a busy machine.
+"""
+
+import json
+import os
+import socket
+import sys
+import time
+
+PROCESS_START = time.time()
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+
+# Seconds spent in each phase of slurmdist.init(), measured by wrapping its internals (names may change:
+# a phase whose function is gone is simply not reported).
+PHASES = {}
+PHASE_NAMES = (
+    ("process_group", "_choose_device", "backend and device choice"),
+    ("rendezvous", "resolve_host", "master name resolution (DNS, else scontrol show node)"),
+    ("rendezvous", "mpi_comm", "mpi4py import and MPI_Init"),
+    ("rendezvous", "open_store", "store: host it / wait for it and join"),
+    ("process_group", "_init_group", "init_process_group on the store (gloo mesh)"),
+)
+
+
+def _wrap(module, name, label):
+    function = getattr(module, name, None)
+    if function is None:
+        return
+
+    def timed(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return function(*args, **kwargs)
+        finally:
+            PHASES[label] = PHASES.get(label, 0.0) + time.perf_counter() - start
+
+    setattr(module, name, timed)
+
+
+def start_slurmdist():
+    start = time.perf_counter()
+    import slurmdist
+    from slurmdist import process_group, rendezvous
+
+    PHASES["importing slurmdist's modules"] = time.perf_counter() - start
+    for module_name, name, label in PHASE_NAMES:
+        _wrap({"process_group": process_group, "rendezvous": rendezvous}[module_name], name, label)
+    env = slurmdist.init()
+    return env.rank, env.world_size, torch.device(env.device or "cpu"), slurmdist.shutdown
+
+
+def start_torch():
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group("nccl" if cuda else "gloo")
+    device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+    return dist.get_rank(), dist.get_world_size(), device, dist.destroy_process_group
+
+
+def wait_for_everyone(timeout: float = 600.0) -> None:
+    directory = os.environ.get("BENCH_SYNC_DIR")
+    if not directory:
+        return
+    expected = int(os.environ["BENCH_RANKS"])
+    with open(os.path.join(directory, f"{socket.gethostname()}-{os.getpid()}"), "w"):
+        pass
+    deadline = time.monotonic() + timeout
+    while len(os.listdir(directory)) < expected:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"only {len(os.listdir(directory))} of {expected} ranks started within {timeout:.0f} s")
+        time.sleep(0.002)
+
+
+def main() -> int:
+    mode = sys.argv[1]
+    wait_for_everyone()
+    imported = time.time()
+    rank, world, device, stop = start_slurmdist() if mode == "slurmdist" else start_torch()
+    ready = time.time()
+    tensor = torch.ones(1, device=device)
+    dist.all_reduce(tensor)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    done = time.time()
+    if int(tensor.item()) != world:
+        print(f"rank {rank}: all_reduce gave {tensor.item()}, expected {world}", file=sys.stderr)
+        return 1
+    record = {"rank": rank, "world": world, "process": PROCESS_START, "start": imported, "ready": ready,
+              "done": done, "backend": str(dist.get_backend()), "phases": PHASES}
+    print("BENCH " + json.dumps(record), flush=True)
+    stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,311 @@
+"""Bootstrap latency: from `init()` to the first all_reduce done, per rank, and the whole job's wall time.
+
+Launches compared, each running benchmarks/boot_worker.py on this machine:
+
+- `srun` on the local 2-node Slurm cluster, worker calling `slurmdist.init()`
+- `torchrun --standalone`, worker calling `init_process_group()` (env://, torchrun's agent store)
+- a plain env:// start: N processes with RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT set by hand
+- `mpirun` (Open MPI), worker calling `slurmdist.init()`
+
+The worker imports torch, then waits until every rank has imported (a file per rank in a shared directory)
+before it starts the clock and the process group: on two busy cores, import skew between ranks is seconds and
+would otherwise drown the bootstrap. Results are kept for the scaling benchmark, which reuses them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+from . import allocation, cluster, plots
+from .context import Context
+from .report import Goal, Section, image, ratio, seconds, table
+from .timing import Failure, Stats, interleave, run_process
+
+WORKER = Path(__file__).resolve().parent / "boot_worker.py"
+OURS = "slurmdist + srun"
+TORCHRUN = "torchrun --standalone"
+
+#: (ranks, extra environment) -> (wall seconds, one record per rank)
+Launch = Callable[[int, Dict[str, str]], Tuple[float, List[dict]]]
+
+
+@dataclass
+class Result:
+    """Every run of one launch at one size."""
+
+    wall: List[float] = field(default_factory=list)
+    per_rank: List[float] = field(default_factory=list)
+    after_last: List[float] = field(default_factory=list)
+    phases: List[Dict[str, float]] = field(default_factory=list)  # per rank, slurmdist workers only
+    failure: Optional[Failure] = None
+
+    def add(self, wall: float, records: List[dict]) -> None:
+        self.wall.append(wall)
+        self.per_rank += [r["done"] - r["start"] for r in records]
+        self.phases += [{**r["phases"], "total": r["done"] - r["start"]} for r in records if r.get("phases")]
+        self.after_last.append(max(r["done"] for r in records) - max(r["start"] for r in records))
+
+
+#: (launch name, ranks) -> result, shared with the scaling benchmark
+RESULTS: Dict[Tuple[str, int], Result] = {}
+
+
+def run_timeout(ranks: int) -> float:
+    """Generous: 32 processes importing torch on two busy cores take a minute."""
+    return 90.0 + 15.0 * ranks
+
+
+def records_of(stdout: str, ranks: int) -> List[dict]:
+    found = [json.loads(line[6:]) for line in stdout.splitlines() if line.startswith("BENCH ")]
+    if sorted(r["rank"] for r in found) != list(range(ranks)):
+        raise RuntimeError(f"expected {ranks} ranks to report, got {sorted(r['rank'] for r in found)}")
+    return found
+
+
+def srun_launch(ranks: int, extra: Dict[str, str]) -> Tuple[float, List[dict]]:
+    argv = ["srun", f"-N{cluster.NODES}", f"-n{ranks}", "--kill-on-bad-exit=1", "--time=10",
+            sys.executable, str(WORKER), "slurmdist"]
+    wall, done = run_process(argv, env={**cluster.environ(), **extra}, timeout=run_timeout(ranks))
+    return wall, records_of(done.stdout, ranks)
+
+
+def srun_true(ranks: int) -> Tuple[float, List[dict]]:
+    """Slurm's own cost of allocating and launching a step of `true` (no Python at all)."""
+    wall, _ = run_process(["srun", f"-N{cluster.NODES}", f"-n{ranks}", "--time=10", "true"],
+                          env=cluster.environ(), timeout=60)
+    return wall, []
+
+
+def torchrun_launch(ranks: int, extra: Dict[str, str]) -> Tuple[float, List[dict]]:
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
+            str(WORKER), "torch"]
+    wall, done = run_process(argv, env={**cluster.clean_environ(), **extra}, timeout=run_timeout(ranks))
+    return wall, records_of(done.stdout, ranks)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def env_launch(ranks: int, extra: Dict[str, str]) -> Tuple[float, List[dict]]:
+    """What a user without a launcher does: start every rank at once with the variables set by hand."""
+    base = {**cluster.clean_environ(), **extra, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
+            "WORLD_SIZE": str(ranks), "LOCAL_WORLD_SIZE": str(ranks)}
+    start = time.perf_counter()
+    procs = [subprocess.Popen([sys.executable, str(WORKER), "torch"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env={**base, "RANK": str(r), "LOCAL_RANK": str(r)}) for r in range(ranks)]
+    outputs = []
+    try:
+        deadline = time.monotonic() + run_timeout(ranks)
+        for proc in procs:
+            out, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            if proc.returncode != 0:
+                raise RuntimeError(f"a rank exited with {proc.returncode}: {err.strip()[-300:]}")
+            outputs.append(out)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=10)
+    wall = time.perf_counter() - start
+    return wall, records_of("".join(outputs), ranks)
+
+
+def mpirun_launch(ranks: int, extra: Dict[str, str]) -> Tuple[float, List[dict]]:
+    env = {**cluster.clean_environ(), **extra}
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    exports = [arg for name in extra for arg in ("-x", name)]  # Open MPI forwards only what it is told to
+    argv = ["mpirun", "-np", str(ranks), "--oversubscribe", *exports, sys.executable, str(WORKER), "slurmdist"]
+    wall, done = run_process(argv, env=env, timeout=run_timeout(ranks))
+    return wall, records_of(done.stdout, ranks)
+
+
+LAUNCHES: Dict[str, Launch] = {
+    OURS: srun_launch,
+    TORCHRUN: torchrun_launch,
+    "plain env:// (N processes)": env_launch,
+    "slurmdist + mpirun": mpirun_launch,
+}
+
+
+def _in_allocation(start: Callable[..., Tuple[float, str]]) -> Launch:
+    def launch(ranks: int, extra: Dict[str, str]) -> Tuple[float, List[dict]]:
+        wall, stdout = start(ranks, extra, str(WORKER), run_timeout(ranks))
+        return wall, records_of(stdout, ranks)
+
+    return launch
+
+
+ALLOCATION_LAUNCHES: Dict[str, Launch] = {
+    OURS: _in_allocation(allocation.srun_launch),
+    "torchrun (c10d, one agent per node, via srun)": _in_allocation(allocation.torchrun_launch),
+}
+_chosen: Dict[str, object] = {"launches": LAUNCHES, "sync_root": None}
+
+
+def use_allocation(sync_root: str) -> None:
+    """Launch inside the current allocation from now on; the rank barrier's directory must be shared by
+    every node, hence under the output directory rather than /tmp."""
+    _chosen.update(launches=ALLOCATION_LAUNCHES, sync_root=sync_root)
+
+
+def launches() -> Dict[str, Launch]:
+    return _chosen["launches"]  # type: ignore[return-value]
+
+
+def measure(names: Sequence[str], ranks: int, runs: int, ctx: Context) -> Dict[str, Result]:
+    """Run the named launches `runs` times each, interleaved; results also go to RESULTS."""
+    results = {name: Result() for name in names}
+
+    def runner(name: str) -> Callable[[], float]:
+        def run() -> float:
+            with tempfile.TemporaryDirectory(prefix="sd-bench-sync-", dir=_chosen["sync_root"]) as sync:
+                wall, records = launches()[name](ranks, {"BENCH_SYNC_DIR": sync, "BENCH_RANKS": str(ranks)})
+            results[name].add(wall, records)
+            return wall
+
+        return run
+
+    ctx.say(f"  {ranks} ranks: {', '.join(names)} x {runs}")
+    outcomes = interleave({name: runner(name) for name in names}, runs, warmup=0)
+    for name, outcome in outcomes.items():
+        if isinstance(outcome, Failure):
+            results[name] = Result(failure=outcome)
+        RESULTS[(name, ranks)] = results[name]
+    return results
+
+
+def stats(values: List[float]) -> Optional[Stats]:
+    return Stats(tuple(values)) if values else None
+
+
+def rows_for(ranks: int, results: Dict[str, Result]) -> List[List[str]]:
+    ours = results.get(OURS)
+    ours_rank = stats(ours.per_rank) if ours else None
+    ours_wall = stats(ours.wall) if ours else None
+    rows = []
+    for name, result in results.items():
+        if result.failure is not None:
+            rows.append([str(ranks), name, f"failed: {result.failure.reason}", "", "", "", "", "", ""])
+            continue
+        per_rank, after, wall = stats(result.per_rank), stats(result.after_last), stats(result.wall)
+        rows.append([
+            str(ranks), f"**{name}**" if name == OURS else name,
+            _msm(per_rank), ratio(per_rank.median, ours_rank.median) if per_rank and ours_rank else "n/a",
+            seconds(after.median) if after else "n/a",
+            _msm(wall), ratio(wall.median, ours_wall.median) if wall and ours_wall else "n/a",
+            str(len(result.wall)), str(len(result.per_rank)),
+        ])
+    return rows
+
+
+def _msm(value: Optional[Stats]) -> str:
+    return "n/a" if value is None else f"{seconds(value.median)} ({seconds(value.min)}-{seconds(value.max)})"
+
+
+EXPLANATION = [
+    "- **per rank**: each rank's time from entering `slurmdist.init()` / `init_process_group()` to its first "
+    "all_reduce completing. Every rank enters together: the worker waits after importing torch until all ranks "
+    "have imported, so import skew (seconds on two busy cores) is left out.",
+    "- **last rank in -> last rank done**: the same, for the job as a whole (from the last rank entering init).",
+    "- **job wall time**: the launch command from start to exit, including interpreter start-up, importing "
+    "torch (the bulk of it here), the launcher's own work and teardown. For srun it includes Slurm allocating "
+    "the job (see `srun true` below).",
+    "- mpirun is Open MPI from PyPI; slurmdist reads its variables and takes rank 0's address over mpi4py only "
+    "when the launch spans several nodes.",
+]
+
+HEADER = ["ranks", "launch", "per rank: init -> all_reduce done, median (min-max)", "/ slurmdist's",
+          "last rank in -> last rank done (median)", "job wall time, median (min-max)", "/ slurmdist's", "runs",
+          "rank samples"]
+
+
+def run(ctx: Context) -> Section:
+    sizes = list(ctx.ranks) if ctx.ranks else ([4] if ctx.quick else [4, 8])
+    runs = ctx.runs(3, 1)
+    if ctx.use_allocation:
+        ctx.img_dir.parent.mkdir(parents=True, exist_ok=True)
+        use_allocation(str(ctx.img_dir.parent.resolve()))
+    srun_true_run = allocation.srun_true if ctx.use_allocation else (lambda ranks: srun_true(ranks)[0])
+    section = Section("bootstrap", "Bootstrap latency: init() to the first all_reduce")
+    section.add(ctx.header(f"{', '.join(launches())} (and `srun true` for Slurm's own launch cost) at "
+                           f"{' and '.join(map(str, sizes))} ranks, nccl where CUDA is present, else gloo",
+                           f"{runs} interleaved runs per launch and size"), "")
+    rows: List[List[str]] = []
+    baseline: Dict[int, Stats] = {}
+    for ranks in sizes:
+        results = measure(list(launches()), ranks, runs, ctx)
+        rows += rows_for(ranks, results)
+        true_runs = interleave({"srun true": lambda: srun_true_run(ranks)}, runs, warmup=0)["srun true"]
+        if isinstance(true_runs, Stats):
+            baseline[ranks] = true_runs
+        _goal(section, ranks, results)
+    section.add(*table(HEADER, rows), "")
+    if baseline:
+        section.add("Slurm's own share of the srun wall time, `srun -N2 -nN true` in the same run: " + ", ".join(
+            f"{ranks} tasks {seconds(s.median)}" for ranks, s in baseline.items()) + ".", "")
+    section.add(*EXPLANATION, "")
+    _phases(section, sizes[-1])
+    _plot(ctx, section, sizes)
+    return section
+
+
+def _phases(section: Section, ranks: int) -> None:
+    """Where slurmdist's per-rank time goes (medians over ranks and runs), to say which phase to fix."""
+    columns = [name for name in (OURS, "slurmdist + mpirun") if RESULTS.get((name, ranks)) and RESULTS[(name, ranks)].phases]
+    if not columns:
+        return
+    labels: List[str] = []
+    for name in columns:
+        for record in RESULTS[(name, ranks)].phases:
+            labels += [label for label in record if label not in labels and label != "total"]
+    rows = []
+    for label in [*labels, "total"]:
+        cells = []
+        for name in columns:
+            values = [record.get(label, 0.0) for record in RESULTS[(name, ranks)].phases]
+            cells.append(seconds(Stats(tuple(values)).median))
+        rows.append([label, *cells])
+    section.add(f"Where slurmdist's per-rank time goes at {ranks} ranks (median over ranks and runs; the "
+                "worker times slurmdist's internal steps by wrapping them; the total also holds the first "
+                "all_reduce and waiting for the slowest rank):", "")
+    section.add(*table(["phase", *columns], rows), "")
+
+
+def _goal(section: Section, ranks: int, results: Dict[str, Result]) -> None:
+    ours = results.get(OURS)
+    peer = next((result for name, result in results.items() if name.startswith("torchrun")), None)
+    claim = f"{OURS} at or below torchrun at {ranks} ranks (per-rank median and wall median)"
+    if not ours or not peer or ours.failure or peer.failure or not ours.wall or not peer.wall:
+        section.goals.append(Goal(claim, "could not measure both", None))
+        return
+    rank_ratio = Stats(tuple(peer.per_rank)).median / Stats(tuple(ours.per_rank)).median
+    wall_ratio = Stats(tuple(peer.wall)).median / Stats(tuple(ours.wall)).median
+    section.goals.append(Goal(claim, f"torchrun / slurmdist: per rank {rank_ratio:.2f}x, wall {wall_ratio:.2f}x",
+                              rank_ratio >= 1.0 and wall_ratio >= 1.0))
+
+
+def _plot(ctx: Context, section: Section, sizes: List[int]) -> None:
+    groups = [f"{ranks} ranks: {what}" for ranks in sizes for what in ("per rank", "wall")]
+    values: Dict[str, List[Optional[float]]] = {}
+    for name in launches():
+        for ranks in sizes:
+            result = RESULTS.get((name, ranks))
+            ok = result is not None and result.failure is None and result.wall
+            values.setdefault(name, []).extend(
+                [Stats(tuple(result.per_rank)).median, Stats(tuple(result.wall)).median] if ok else [None, None])
+    image(section, plots.bars(ctx.img_dir / "bootstrap.png", groups, values,
+                              title="Bootstrap: init -> first all_reduce, and job wall time (median, lower is better)",
+                              ylabel="seconds"), "bootstrap latency per launcher")

@@ -1,0 +1,235 @@
+"""Hostlist expansion: slurmdist.hostlist against python-hostlist, submitit's parser and `scontrol`.
+
+Every tool's output is first checked against slurmdist's (a tool that expands a case differently is
+reported, not timed). scontrol is timed as a whole process, which is what a script calling it pays.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Callable, Dict, List, Mapping, Optional, Tuple
+
+from . import plots
+from .context import Context
+from .report import TIMING_HEADER, Goal, Section, image, seconds, table, timing_rows
+from .timing import Failure, Outcome, Runner, Stats, interleave, loglog_slope, run_process, timed, timed_calls
+
+OURS = "slurmdist"
+SCONTROL = "scontrol (process)"
+ARG_MAX = 128 * 1024 - 1  # Linux's limit on one argument: longer lists cannot reach scontrol at all
+FIRST_GOAL = 50e-6
+SPEEDUP_GOAL = 1.5
+SLOPE_LINEAR = 1.15  # log-log slope above this would mean worse than linear
+
+
+def fragmented(hosts: int, *, prefix: str = "nid", width: int = 5, mean: int = 4, seed: int = 1) -> Tuple[str, int]:
+    """A nodelist of `hosts` hosts in runs of 1..2*mean-1 with gaps, as a busy scheduler hands out:
+    (text, number of fragments). Deterministic, so every run measures the same list."""
+    rng = random.Random(seed)
+    parts: List[str] = []
+    number, total = 1, 0
+    while total < hosts:
+        length = min(rng.randint(1, 2 * mean - 1), hosts - total)
+        last = number + length - 1
+        parts.append(f"{number:0{width}d}" if length == 1 else f"{number:0{width}d}-{last:0{width}d}")
+        number, total = last + 1 + rng.randint(1, 3), total + length
+    return f"{prefix}[{','.join(parts)}]", len(parts)
+
+
+def cases() -> Dict[str, str]:
+    """The issue's four shapes, by label."""
+    text, pieces = fragmented(4096)
+    return {
+        "100k hosts (cpu[00001-50000],gpu[...])": "cpu[00001-50000],gpu[00001-50000]",
+        "10k range (n[00001-10000])": "n[00001-10000]",
+        f"4096 nodes in {pieces} fragments": text,
+        "64 groups of 128 (r[01-64]n[001-128])": "r[01-64]n[001-128]",
+    }
+
+
+def expanders() -> Dict[str, Callable[[str], List[str]]]:
+    """Python expanders that are installed, slurmdist first."""
+    from slurmdist.hostlist import expand
+
+    found: Dict[str, Callable[[str], List[str]]] = {OURS: expand}
+    try:
+        import hostlist as python_hostlist
+
+        found["python-hostlist"] = lambda text: python_hostlist.expand_hostlist(text, allow_duplicates=True)
+    except ImportError:
+        pass
+    try:
+        from submitit.slurm.slurm import _parse_node_list
+
+        found["submitit"] = _parse_node_list
+    except ImportError:
+        pass
+    return found
+
+
+class Scontrol:
+    """`scontrol show hostnames` with the two-line slurm.conf it needs (no daemon)."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.path = shutil.which("scontrol")
+        conf = workdir / "slurm.conf"
+        conf.write_text("ClusterName=x\nSlurmctldHost=localhost\n")
+        self.env = dict(os.environ, SLURM_CONF=str(conf))
+
+    def expand(self, text: str) -> List[str]:
+        if self.path is None:
+            raise RuntimeError("scontrol is not installed")
+        if len(text) > ARG_MAX:
+            raise RuntimeError(f"the list is {len(text)} characters, beyond Linux's {ARG_MAX + 1}-byte argument limit")
+        _, done = run_process([self.path, "show", "hostnames", text], env=self.env, timeout=60)
+        if "Invalid hostlist" in done.stdout + done.stderr:
+            raise RuntimeError("scontrol rejected the list")
+        return done.stdout.split()
+
+
+def runners_for(text: str, tools: Mapping[str, Callable[[str], List[str]]], scontrol: Optional[Scontrol]
+                ) -> Tuple[Dict[str, Runner], Dict[str, Failure]]:
+    """A timed runner per tool whose output matches slurmdist's, and why the others are left out."""
+    expected = tools[OURS](text)
+    runners: Dict[str, Runner] = {}
+    left_out: Dict[str, Failure] = {}
+    candidates: Dict[str, Callable[[str], List[str]]] = dict(tools)
+    if scontrol is not None:
+        candidates[SCONTROL] = scontrol.expand
+    for name, expand in candidates.items():
+        try:
+            got = expand(text)
+        except Exception as exc:
+            left_out[name] = Failure(f"cannot expand it ({type(exc).__name__}: {str(exc)[:120]})")
+            continue
+        if got != expected:
+            left_out[name] = Failure(f"different hosts ({len(got)} vs {len(expected)})")
+            continue
+        runners[name] = timed(lambda expand=expand: expand(text))
+    return runners, left_out
+
+
+def run(ctx: Context) -> Section:
+    tools = expanders()
+    runs = ctx.runs(15, 5)
+    section = Section("hostlist", "Hostlists: full expansion to a list")
+    section.add(ctx.header(f"slurmdist.hostlist.expand vs {', '.join(n for n in tools if n != OURS)} and "
+                           "`scontrol show hostnames` (whole process)",
+                           f"{runs} interleaved runs per tool and case after one warm-up"), "")
+    with tempfile.TemporaryDirectory() as tmp:
+        scontrol = Scontrol(Path(tmp))
+        results = _cases(ctx, section, tools, scontrol, runs)
+        sizes = _linearity(ctx, section, tools, scontrol)
+    _first(ctx, section, tools)
+    _goals(section, results, sizes)
+    section.add("Ratios are each tool's median over slurmdist's median in the same run (above 1: slurmdist "
+                "is faster). The Python peers keep duplicates and order as Slurm does (`allow_duplicates=True`).")
+    return section
+
+
+def _cases(ctx: Context, section: Section, tools, scontrol: Scontrol, runs: int) -> Dict[str, Dict[str, Outcome]]:
+    results: Dict[str, Dict[str, Outcome]] = {}
+    rows: List[List[str]] = []
+    for label, text in cases().items():
+        runners, left_out = runners_for(text, tools, scontrol)
+        ctx.say(f"  {label}: {', '.join(runners)}")
+        outcomes = {**interleave(runners, runs), **left_out}
+        results[label] = outcomes
+        rows += timing_rows(outcomes, OURS, label=[label])
+    section.add(*table(["case", *TIMING_HEADER], rows), "")
+    groups = list(results)
+    values = {tool: [_median(results[g].get(tool)) for g in groups] for tool in [*tools, SCONTROL]}
+    image(section, plots.bars(ctx.img_dir / "hostlist-cases.png", [g.split(" (")[0] for g in groups], values,
+                              title="Hostlist expansion (median, lower is better)", ylabel="seconds", log=True),
+          "hostlist expansion per case")
+    return results
+
+
+def _linearity(ctx: Context, section: Section, tools, scontrol: Scontrol) -> Dict[str, Dict[int, Outcome]]:
+    sizes = [1000, 10_000, 100_000] if ctx.quick else [1000, 3000, 10_000, 30_000, 100_000, 300_000, 1_000_000]
+    runs = ctx.runs(5, 3)
+    ctx.say(f"  linearity: {len(sizes)} sizes, {runs} runs each")
+    by_tool: Dict[str, Dict[int, Outcome]] = {}
+    for hosts in sizes:
+        text, pieces = fragmented(hosts, width=7, mean=16, seed=hosts)
+        runners, left_out = runners_for(text, tools, scontrol)
+        for tool, outcome in {**interleave(runners, runs), **left_out}.items():
+            by_tool.setdefault(tool, {})[hosts] = outcome
+    rows = []
+    for tool, per_size in by_tool.items():
+        ok = {h: o for h, o in per_size.items() if isinstance(o, Stats)}
+        cells = [f"{seconds(o.median)} ({o.median / h * 1e9:.0f} ns/host)" if isinstance(o, Stats) else "n/a"
+                 for h, o in per_size.items()]
+        slope = loglog_slope(list(ok), [o.median for o in ok.values()]) if len(ok) > 1 else float("nan")
+        rows.append([tool, *cells, f"{slope:.2f}"])
+    section.add(f"Time against list size: the same shape (runs of 1-31 nodes with gaps, `nid[...]`) from "
+                f"{sizes[0]:,} to {sizes[-1]:,} hosts, median of {runs} runs. The slope of log(time) against "
+                "log(hosts) is 1 for linear, 2 for quadratic. scontrol cannot take lists longer than one "
+                "command-line argument (128 KiB).", "")
+    section.add(*table(["tool", *[f"{h:,} hosts" for h in sizes], "log-log slope"], rows), "")
+    series = {tool: ([h for h, o in per.items() if isinstance(o, Stats)],
+                     [o.median for o in per.values() if isinstance(o, Stats)]) for tool, per in by_tool.items()}
+    image(section, plots.lines(ctx.img_dir / "hostlist-linearity.png", series, title="Hostlist expansion time vs size",
+                               xlabel="hosts", ylabel="seconds (median)", reference_slope=OURS),
+          "hostlist expansion time against size")
+    return by_tool
+
+
+def _first(ctx: Context, section: Section, tools) -> None:
+    from slurmdist.hostlist import first
+
+    text = next(iter(cases().values()))
+    runs = ctx.runs(9, 3)
+    runners: Dict[str, Runner] = {f"{OURS} first()": timed_calls(lambda: first(text), 2000)}
+    for name, expand in tools.items():
+        if name != OURS:
+            runners[f"{name}: expand()[0]"] = timed(lambda expand=expand: expand(text)[0])
+    outcomes = interleave(runners, runs)
+    section.add("The first host of the 100k-host list (the rendezvous host). Peers have no such function; "
+                "what their users write instead is to expand and take element 0.", "")
+    section.add(*table(TIMING_HEADER, timing_rows(outcomes, f"{OURS} first()")), "")
+    section.goals.append(_first_goal(outcomes.get(f"{OURS} first()")))
+
+
+def _first_goal(outcome: Optional[Outcome]) -> Goal:
+    claim = f"`first()` under {seconds(FIRST_GOAL)} on the 100k-host list"
+    if not isinstance(outcome, Stats):
+        return Goal(claim, "failed", None)
+    return Goal(claim, f"median {seconds(outcome.median)}", outcome.median < FIRST_GOAL)
+
+
+def _goals(section: Section, results: Dict[str, Dict[str, Outcome]], sizes: Dict[str, Dict[int, Outcome]]) -> None:
+    worst: Optional[Tuple[float, str, str]] = None
+    for label, outcomes in results.items():
+        ours = outcomes.get(OURS)
+        peers = {t: o for t, o in outcomes.items() if t not in (OURS, SCONTROL) and isinstance(o, Stats)}
+        if not isinstance(ours, Stats) or not peers:
+            continue
+        fastest = min(peers, key=lambda t: peers[t].median)
+        speedup = peers[fastest].median / ours.median
+        if worst is None or speedup < worst[0]:
+            worst = (speedup, label, fastest)
+    claim = f"at least {SPEEDUP_GOAL}x faster than the fastest Python peer on every case"
+    if worst is None:
+        section.goals.insert(0, Goal(claim, "no peer measured", None))
+    else:
+        section.goals.insert(0, Goal(claim, f"lowest: {worst[0]:.2f}x vs {worst[2]} on {worst[1]}",
+                                     worst[0] >= SPEEDUP_GOAL))
+    ours = {h: o for h, o in sizes.get(OURS, {}).items() if isinstance(o, Stats)}
+    claim = "linear in hosts (1k..1M)"
+    if len(ours) > 1:
+        slope = loglog_slope(list(ours), [o.median for o in ours.values()])
+        per_host = [o.median / h * 1e9 for h, o in ours.items()]
+        section.goals.insert(1, Goal(claim, f"log-log slope {slope:.2f}; {min(per_host):.0f}-{max(per_host):.0f} ns/host",
+                                     slope <= SLOPE_LINEAR))
+    else:
+        section.goals.insert(1, Goal(claim, "not measured", None))
+
+
+def _median(outcome: Optional[Outcome]) -> Optional[float]:
+    return outcome.median if isinstance(outcome, Stats) else None
+

@@ -1,0 +1,70 @@
+"""`python -m benchmarks --quick --only hostlist,startup` runs and writes a page with the expected tables.
+
+Never asserts a timing: benchmarks report, tests check that the report is complete.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def out(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("bench")
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--quick", "--only", "hostlist,startup", "--out", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "measured on" in done.stdout  # each benchmark says what, how many runs, which machine
+    return out
+
+
+@pytest.fixture(scope="module")
+def page(out: Path) -> str:
+    return (out / "benchmarks.md").read_text(encoding="utf-8")
+
+
+def test_sections_ran_without_failing(page: str) -> None:
+    for name in ("hostlist", "startup"):
+        assert f"<!-- section:{name} -->" in page
+    assert "This benchmark failed" not in page
+    assert "<!-- section:bootstrap -->" not in page  # not asked for
+
+
+def test_hostlist_tables(page: str) -> None:
+    assert "| case | tool | median | min | max | runs | time / slurmdist's |" in page
+    for case in ("100k hosts", "10k range", "4096 nodes in", "64 groups of 128"):
+        assert f"| {case}" in page
+    for tool in ("python-hostlist", "submitit", "scontrol (process)"):
+        assert f"| {tool} |" in page
+    assert "log-log slope" in page
+    assert "first()" in page
+
+
+def test_startup_tables(page: str) -> None:
+    assert "| import | median |" in page
+    assert "| **slurmdist** |" in page
+    assert "slurmdist detect()" in page
+    assert "TorchDistributedEnvironment" in page
+
+
+def test_goals_and_machine(page: str) -> None:
+    assert "| goal | measured | met |" in page
+    assert "logical cores" in page and "Python" in page and "torch" in page
+    assert str(REPO) not in page  # no machine-specific paths in a committed page
+
+
+def test_plots_linked_and_written(page: str, out: Path) -> None:
+    pytest.importorskip("matplotlib")
+    for name in ("hostlist-cases", "hostlist-linearity"):
+        assert f"](img/{name}.png)" in page
+        assert (out / "img" / f"{name}.png").stat().st_size > 1000
