@@ -26,6 +26,7 @@ from typing import Any, Callable, Iterator, List, Mapping, Optional, Sequence, T
 
 from .distenv import DistEnv
 from .errors import RendezvousError
+from .launchers import slurm
 
 log = logging.getLogger("slurmdist")
 
@@ -351,10 +352,15 @@ def compress_ranks(ranks: Sequence[int]) -> str:
 
 
 def run_prefix(env: DistEnv, environ: Mapping[str, str], generation: int) -> str:
-    """Keys unique to this job step, torchrun restart and init() call, so a reused store never mixes them."""
+    """Keys unique to this job step, torchrun restart and init() call, so a reused store never mixes them.
+
+    Every part must be the same on every rank. The Slurm step id is, only when srun started the ranks: the
+    ranks of an mpirun inside a batch script carry no step id on the first node and the daemons' step id
+    on the others.
+    """
     parts = [
         env.job_id or "nojob",
-        environ.get("SLURM_STEP_ID", environ.get("SLURM_STEPID", "")),
+        (slurm.step_id(environ) or "") if env.launcher == "slurm" else "",
         environ.get("TORCHELASTIC_RUN_ID", ""),
         environ.get("TORCHELASTIC_RESTART_COUNT", ""),
         str(generation),

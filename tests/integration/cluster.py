@@ -38,8 +38,9 @@ def require(tool: str) -> str:
     path = shutil.which(tool, path=os.pathsep.join([os.environ.get("PATH", ""), *SBIN_DIRS]))
     if path is None:
         missing_prerequisite(
-            f"{tool} not found; install Debian's munge slurmctld slurmd slurm-client "
-            f"(or run `sudo {LOCAL_CLUSTER.relative_to(REPO)} start`, which installs them)"
+            f"{tool} not found on PATH: run the suite through `make test`, which installs the Python tools "
+            "(mpirun, torchrun) into .venv and, as root, Debian's Slurm, accounting and shellcheck packages "
+            "(scripts/install-system-deps)"
         )
     return path
 

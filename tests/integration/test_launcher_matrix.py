@@ -160,18 +160,7 @@ def runs(request, tmp_path_factory) -> Runs:
     return Runs(lambda: request.getfixturevalue("slurm_cluster"), tmp_path_factory.mktemp("matrix"))
 
 
-# Known bug in slurmdist.rendezvous.run_prefix (see the report of the examples work): mpirun's ranks started
-# in the batch step have no SLURM_STEP_ID, those under its srun-started daemons have one, so their store keys
-# differ and gloo never connects. Strict: once fixed, this XPASSes and fails, asking for the mark to go.
-MPIRUN_IN_SBATCH_BUG = pytest.mark.xfail(
-    strict=True, raises=AssertionError,
-    reason="run_prefix() includes the per-process SLURM_STEP_ID, which differs between mpirun's ranks")
-
-
-@pytest.mark.parametrize("launcher", [
-    pytest.param(name, marks=MPIRUN_IN_SBATCH_BUG) if name.startswith("mpirun in sbatch") else name
-    for name in LAUNCHES
-])
+@pytest.mark.parametrize("launcher", LAUNCHES)
 def test_launcher_trains_the_example(runs, launcher):
     result = runs.get(launcher)
     world_size = WORLD_SIZE.get(launcher, 4)

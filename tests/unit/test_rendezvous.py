@@ -56,11 +56,17 @@ def test_resolve_host():
 
 
 def test_run_prefix_separates_steps_restarts_and_calls():
-    env = env_of(0, 2, 1)
+    env = env_of(0, 2, 1, launcher="slurm")
     a = run_prefix(env, {"SLURM_STEP_ID": "0"}, 0)
     assert a != run_prefix(env, {"SLURM_STEP_ID": "1"}, 0)
     assert a != run_prefix(env, {"SLURM_STEP_ID": "0"}, 1)
     assert a != run_prefix(env, {"SLURM_STEP_ID": "0", "TORCHELASTIC_RESTART_COUNT": "1"}, 0)
+
+
+def test_run_prefix_is_the_same_on_mpirun_ranks_with_and_without_a_daemon_step():
+    """mpirun in a batch script: ranks on the first node have no step id, the others the daemons' step."""
+    env = env_of(0, 4, 1, launcher="openmpi")
+    assert run_prefix(env, {}, 0) == run_prefix(env, {"SLURM_STEP_ID": "0"}, 0)
 
 
 def meet(world, ranks, timeout):
