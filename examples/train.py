@@ -200,6 +200,18 @@ def global_mean(value: torch.Tensor, world_size: int) -> float:
     return float(value) / world_size
 
 
+def settle_buckets(ddp: DistributedDataParallel, inputs: torch.Tensor) -> None:
+    """One backward of a zero loss, before any real step, so that every real step reduces gradients the same way.
+
+    DDP regroups its gradient buckets after its first backward, and that first reduction rounds differently
+    from the later ones. Without this, a resumed run (whose first step is a fresh DDP's first backward) would
+    end a few bits away from an uninterrupted one. The zero loss leaves gradients, momentum and parameters as
+    they were.
+    """
+    (ddp(inputs).sum() * 0).backward()
+    ddp.module.zero_grad(set_to_none=True)
+
+
 def train(args: argparse.Namespace, env: slurmdist.DistEnv, request: CheckpointRequest) -> Dict[str, Any]:
     """Train to `args.steps` (resuming from `args.checkpoint` if present); return rank 0's result."""
     if args.batch_size % env.world_size:
@@ -218,6 +230,7 @@ def train(args: argparse.Namespace, env: slurmdist.DistEnv, request: CheckpointR
         state.load_state_dict(saved)
         slurmdist.print0(f"resumed from {args.checkpoint} at step {state.step}")
     ddp = DistributedDataParallel(model, device_ids=env.device_ids)
+    settle_buckets(ddp, inputs=data.tensors[0][:1].to(env.device))
     sampler = DistributedSampler(data, num_replicas=env.world_size, rank=env.rank, shuffle=True,
                                  seed=args.seed, drop_last=True)
     inputs, targets = data.tensors

@@ -138,6 +138,14 @@ def _torchrun_standalone(runs: Runs, d: Path) -> dict:
     return runs.local(torchrun("--standalone", "--nproc-per-node=4", *train_args(d / "r.json")[1:]), d / "r.json")
 
 
+def _torchrun_resumed(runs: Runs, d: Path) -> dict:
+    """Stopped after 5 steps and started again from its checkpoint: must end as the uninterrupted runs do."""
+    d.mkdir(parents=True)
+    resumable = [*train_args(d / "r.json")[1:], "--checkpoint", str(d / "checkpoint.pt")]
+    runs.local(torchrun("--standalone", "--nproc-per-node=4", *resumable, "--steps", "5"), d / "r.json")
+    return runs.local(torchrun("--standalone", "--nproc-per-node=4", *resumable), d / "r.json")
+
+
 LAUNCHES: Dict[str, Callable[[Runs, Path], dict]] = {
     "python": _plain,
     "srun -N2 --ntasks-per-node=2": _srun("-N2", "--ntasks-per-node=2"),
@@ -149,6 +157,7 @@ LAUNCHES: Dict[str, Callable[[Runs, Path], dict]] = {
     "mpirun -np 4": _mpirun,
     "mpirun in sbatch (train_mpirun.sh)": _sbatch_mpirun,
     "torchrun --standalone": _torchrun_standalone,
+    "torchrun --standalone, stopped and resumed": _torchrun_resumed,
 }
 REFERENCE_4 = "srun -N2 --ntasks-per-node=2"
 WORLD_SIZE = {"python": 1, "srun -N2 -n3": 3}

@@ -126,7 +126,7 @@ def test_cli_wait_exits_with_the_job_status(cluster, tmp_path):
     assert "FAILED" in proc.stderr and "command exited with status 3" in proc.stderr
 
 
-def test_preempted_job_checkpoints_requeues_and_resumes(cluster, example, tmp_path):
+def test_preempted_job_checkpoints_requeues_and_resumes(cluster, example, reference, tmp_path):
     from slurmdist.submit import Submitter, results
 
     steps = 200
@@ -138,8 +138,8 @@ def test_preempted_job_checkpoints_requeues_and_resumes(cluster, example, tmp_pa
     saved_step = outcome[0]["resumed_from_step"]
     assert outcome[0]["restarts"] == 1
     assert 0 < saved_step < steps
-    # The same as stopping train.py by hand at that step and rerunning it: the requeue lost and changed nothing.
-    assert {r["checksum"] for r in outcome} == {stopped_and_resumed(cluster, saved_step, steps, tmp_path)}
+    # The same model as an uninterrupted run: the requeue lost and changed nothing.
+    assert {r["checksum"] for r in outcome} == {reference(2, 2, steps)["checksum"]}
     history = cluster.run(["sacct", "-n", "-P", "-D", "-X", "-o", "State", "-j", job.job_id]).stdout.split()
     assert history == ["REQUEUED", "COMPLETED"]
 
@@ -179,15 +179,6 @@ def test_local_executor_runs_the_same_code(cluster, example, reference, tmp_path
     outcome = results(job, timeout=TIMEOUT)
     assert [r["launcher"] for r in outcome] == ["submitit-local"] * 2
     assert {r["checksum"] for r in outcome} == {reference(2, 1, 40)["checksum"]}
-
-
-def stopped_and_resumed(cluster: LocalCluster, stop: int, steps: int, tmp_path: Path) -> str:
-    """train.py's checksum when run under srun to `stop`, then resumed from its checkpoint to `steps`."""
-    checkpoint, out = tmp_path / "by-hand.pt", tmp_path / "by-hand.json"
-    for until in (stop, steps):
-        cluster.run(["srun", "-N2", "--ntasks-per-node=2", PYTHON, TRAIN_PY, "--steps", until,
-                     "--checkpoint", checkpoint, "--out", out], timeout=TIMEOUT)
-    return json.loads(out.read_text())["checksum"]
 
 
 def fail_on_rank_one() -> None:
