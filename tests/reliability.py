@@ -37,7 +37,7 @@ class Row:
     seconds: Optional[float]
     outcome: str
     test: str = ""
-    passed: Optional[bool] = None
+    verdict: str = "?"
 
 
 ROWS: List[Row] = []  # module-level: every test module that imports the fixture shares one table
@@ -72,9 +72,8 @@ def render(rows: List[Row], session_status: int) -> str:
         for row in members:
             seconds = "-" if row.seconds is None else (f"{row.seconds * 1000:.2f} ms" if row.seconds < 0.1
                                                        else f"{row.seconds:.1f} s")
-            verdict = {True: "pass", False: "**FAIL**", None: "?"}[row.passed]
             lines.append(f"| {cell(row.case)} | {cell(row.inputs)} | {cell(row.fault)} | {seconds} | "
-                         f"{cell(row.outcome)} | {verdict}: `{cell(row.test)}` |")
+                         f"{cell(row.outcome)} | {row.verdict}: `{cell(row.test)}` |")
         lines.append("")
     return "\n".join(lines)
 
@@ -83,19 +82,23 @@ class ReportPlugin:
     """Registered on first use of the fixture; fills in pass/fail per test and writes the report at the end."""
 
     def __init__(self) -> None:
-        self.results: Dict[str, bool] = {}
+        self.results: Dict[str, str] = {}
 
     @pytest.hookimpl
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        if report.failed or report.when == "call":
-            self.results[report.nodeid] = self.results.get(report.nodeid, True) and not report.failed
+        if hasattr(report, "wasxfail"):
+            self.results[report.nodeid] = "known bug (xfail)" if report.skipped else "**XPASS**"
+        elif report.failed:
+            self.results[report.nodeid] = "**FAIL**"
+        elif report.when == "call":
+            self.results.setdefault(report.nodeid, "pass")
 
     @pytest.hookimpl
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         if os.environ.get(WRITE_VARIABLE) != "1" or not ROWS:
             return
         for row in ROWS:
-            row.passed = self.results.get(row.test)
+            row.verdict = self.results.get(row.test, "?")
         REPORT.parent.mkdir(parents=True, exist_ok=True)
         REPORT.write_text(render(ROWS, int(exitstatus)))
 

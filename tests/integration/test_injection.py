@@ -78,7 +78,8 @@ def test_sbatch_refuses_nasty_job_names(slurm_cluster, tmp_path, name, reliabili
     canary = tmp_path / "canary"
     done = slurmdist_cli(slurm_cluster, "sbatch", "--job-name", name.format(canary=canary), "--", "true")
     reliability_record(f"`slurmdist sbatch --job-name {name!r}`", "job name", "shell injection", None,
-                       f"exit {done.returncode}: {done.stderr.strip()[:100]}; canary created: {canary.exists()}")
+                       f"exit {done.returncode}: {done.stderr.strip().replace(str(canary), '{canary}')[:100]}; "
+                       f"canary created: {canary.exists()}")
     assert done.returncode == 2 and "--job-name" in done.stderr and done.stdout == ""
     assert not canary.exists()
 
@@ -103,7 +104,7 @@ def test_submit_job_names_and_arguments_never_run(slurm_cluster, tmp_path, name,
     reliability_record(
         f"`slurmdist submit --name {name!r}` with nasty command words", f"job name + {len(words)} command words",
         "shell injection", time.monotonic() - started,
-        ("refused before running (exit 2): " + done.stderr.strip()[:90]) if refused else
+        ("refused before running (exit 2): " + done.stderr.strip().replace(str(canary), "{canary}")[:90]) if refused else
         f"job exit {done.returncode}; tasks got the words literally: {bool(calls) and all(c == words for c in calls)}"
         + f"; canary created: {canary.exists()}",
     )

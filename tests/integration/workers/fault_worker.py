@@ -80,6 +80,7 @@ def main() -> int:
         env = slurmdist.init("gloo")
         report["master_port"] = env.master_port
         report["init_seconds"] = time.time() - STARTED
+        (args.out / f"ready{env.rank}").touch()  # for tests that inject the fault from outside
         total = torch.zeros(1)
         for step in range(1, args.steps + 1):
             if victim and step == args.at and args.fault == "die":
