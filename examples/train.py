@@ -10,7 +10,8 @@ Why it is built this way:
   rounding), and the same world size gives bit-identical parameters under every launcher.
 - Everything a resumed run needs lives in one `TrainState`, saved atomically by rank 0. A run finds its
   checkpoint at start and continues, so a requeued job (`sbatch --requeue`, `--signal`) loses little work;
-  SIGUSR2 asks for a checkpoint at the next step boundary.
+  SIGUSR2 asks for a checkpoint at the next step boundary; SIGTERM (scancel, the time limit) for a checkpoint
+  and a clean stop, at a step all ranks agree on, with exit status 143.
 - Rank 0 writes `--out` as JSON: {"world_size": W, "loss": L, "checksum": sha256 of the final parameters}.
 """
 
@@ -39,6 +40,7 @@ import slurmdist
 FEATURES, HIDDEN = 16, 32
 # What `#SBATCH --signal=USR2@120` sends before the time limit (USR2: NCCL has used SIGUSR1 itself).
 CHECKPOINT_SIGNAL = signal.SIGUSR2
+STOPPED_EXIT_STATUS = 128 + signal.SIGTERM  # what the shell reports for a process ended by SIGTERM
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
@@ -181,14 +183,37 @@ def full_loss(model: nn.Module, data: TensorDataset) -> float:
 
 
 class CheckpointRequest:
-    """Set by SIGUSR2 (Slurm's `--signal`), read by the loop at the next step boundary."""
+    """Set by signals, read by the loop at the next step boundary.
+
+    SIGUSR2 (Slurm's `--signal` warning): save a checkpoint and go on. SIGTERM (scancel, the time limit, a
+    preemption without warning): save a checkpoint and stop.
+    """
 
     def __init__(self) -> None:
         self.requested = False
+        self.stopping = False
 
     def install(self) -> None:
         # Without a handler SIGUSR2 would kill the process: Slurm's warning signal must never do that.
         signal.signal(CHECKPOINT_SIGNAL, lambda signum, frame: setattr(self, "requested", True))
+        signal.signal(signal.SIGTERM, lambda signum, frame: setattr(self, "stopping", True))
+
+
+class Stopped(Exception):
+    """Training stopped early on SIGTERM, after saving its checkpoint."""
+
+
+def all_agree_to_stop(request: Any, env: slurmdist.DistEnv) -> bool:
+    """True on every rank as soon as any rank got SIGTERM: Slurm signals the ranks at slightly different
+    moments, and a rank that stopped alone would leave the others waiting in a collective."""
+    stopping = bool(getattr(request, "stopping", False))
+    if env.world_size == 1:
+        return stopping
+    import torch.distributed as dist
+
+    flag = torch.tensor([float(stopping)], device=env.device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
 
 
 def global_mean(value: torch.Tensor, world_size: int) -> float:
@@ -246,10 +271,15 @@ def train(args: argparse.Namespace, env: slurmdist.DistEnv, request: CheckpointR
             state.history.append(global_mean(loss, env.world_size))
             slurmdist.print0(f"step {state.step}/{args.steps}  loss {state.history[-1]:.6f}  "
                              f"({time.monotonic() - started:.1f} s)")
+        stop = all_agree_to_stop(request, env)
         due = args.checkpoint_every and state.step % args.checkpoint_every == 0
-        if args.checkpoint and env.is_main and (due or request.requested):
+        if args.checkpoint and env.is_main and (due or request.requested or stop):
             save_checkpoint(state, args.checkpoint)
             request.requested = False
+        if stop:
+            slurmdist.print0(f"SIGTERM: stopped at step {state.step}" +
+                             (f", checkpoint {args.checkpoint}" if args.checkpoint else " (no --checkpoint)"))
+            raise Stopped(state.step)
     if args.checkpoint and env.is_main:
         save_checkpoint(state, args.checkpoint)
     return {"world_size": env.world_size, "loss": full_loss(model, data), "checksum": checksum(model),
@@ -271,15 +301,24 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     slurmdist.print0(f"{env.launcher}: {env.world_size} rank(s) on {env.num_nodes or '?'} node(s), "
                      f"{env.backend} on {env.device.type}{master}")
     try:
-        result = train(args, env, request)
-        if env.is_main:
-            if args.out:
-                write_atomically(args.out, lambda stream: stream.write(json.dumps(result, indent=1).encode()))
-            slurmdist.print0(f"done: loss {result['loss']:.6f}  checksum {result['checksum'][:16]}...  "
-                             f"-> {args.out or '(no --out)'}")
-        slurmdist.barrier()  # nobody tears the group down while rank 0 still writes
+        status = train_and_report(args, env, request)
+        slurmdist.barrier()  # nobody tears the group down while rank 0 still writes its files
     finally:
         slurmdist.shutdown()
+    return status
+
+
+def train_and_report(args: argparse.Namespace, env: slurmdist.DistEnv, request: CheckpointRequest) -> int:
+    """Train; rank 0 writes the result. The exit status: 0, or 143 when SIGTERM stopped training early."""
+    try:
+        result = train(args, env, request)
+    except Stopped:
+        return STOPPED_EXIT_STATUS
+    if env.is_main:
+        if args.out:
+            write_atomically(args.out, lambda stream: stream.write(json.dumps(result, indent=1).encode()))
+        slurmdist.print0(f"done: loss {result['loss']:.6f}  checksum {result['checksum'][:16]}...  "
+                         f"-> {args.out or '(no --out)'}")
     return 0
 
 

@@ -268,14 +268,15 @@ def test_requeue_signal_checkpoints_requeues_and_resumes_bit_identically(slurm_c
 
 
 def test_sigterm_never_leaves_a_corrupt_checkpoint(slurm_cluster, tmp_path, uninterrupted, reliability_record):
-    """SIGTERM (scancel, time limit) mid-training, twice; each time the checkpoint on disk loads, and the run
-    resumed from it ends bit-identical to one never interrupted."""
+    """SIGTERM (scancel, time limit) mid-training, twice: each time train.py saves a checkpoint at a step
+    all ranks agree on and exits 143; the checkpoint loads, and the run resumed from it ends bit-identical
+    to one never interrupted."""
     import torch
 
     checkpoint, out = tmp_path / "ckpt.pt", tmp_path / "result.json"
     name = f"sigterm-{os.getpid()}-{time.time_ns()}"
     command = ["srun", "-N2", "--ntasks-per-node=1", "--kill-on-bad-exit=1", "-J", name, PYTHON, TRAIN_PY, "--steps",
-               str(STEPS), "--checkpoint", str(checkpoint), "--checkpoint-every", "1", "--out", str(out)]
+               str(STEPS), "--checkpoint", str(checkpoint), "--out", str(out)]
     env = client_env(slurm_cluster, {})
     exits, loaded = [], []
     for attempt in range(2):
@@ -299,15 +300,16 @@ def test_sigterm_never_leaves_a_corrupt_checkpoint(slurm_cluster, tmp_path, unin
     strays = [p.name for p in tmp_path.glob(".ckpt.pt.*")]
     reliability_record(
         "SIGTERM during training (scancel / time limit)", "srun -N2 x 1 task, examples/train.py "
-        "--checkpoint-every 1, signalled twice, then rerun", "scancel --signal=TERM",
+        "--checkpoint, signalled twice, then rerun", "scancel --signal=TERM",
         max(seconds for _, seconds in exits),
-        f"exits {[code for code, _ in exits]}; checkpoint loaded both times (steps {loaded}); temp files left "
-        f"by a kill mid-write: {len(strays)}; resumed to the end, checksum "
+        f"exits {[code for code, _ in exits]}; the checkpoint written on SIGTERM loaded both times (steps "
+        f"{loaded}); temp files left: {len(strays)}; resumed to the end, checksum "
         f"{'equals' if result.get('checksum') == uninterrupted['checksum'] else 'DIFFERS FROM'} the "
-        "uninterrupted run's. (train.py does not write a checkpoint of its own on SIGTERM: only --checkpoint-every "
-        "and USR2 save)",
+        "uninterrupted run's",
     )
-    assert all(code != 0 and seconds < 30 for code, seconds in exits), exits
+    assert all(code == 143 and seconds < 30 for code, seconds in exits), exits
+    assert 0 < loaded[0] < loaded[1] < STEPS, loaded
+    assert not strays, strays
     assert finished.returncode == 0, finished.stderr
     assert result["checksum"] == uninterrupted["checksum"]
 
