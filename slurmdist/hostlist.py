@@ -34,6 +34,8 @@ __all__ = ["DEFAULT_LIMIT", "MAX_NAME_LENGTH", "compress", "count", "expand", "f
 
 #: Default cap on the number of hosts one expression may expand to (bounds memory).
 DEFAULT_LIMIT = 1 << 24
+# Hosts a list of several items may build before it is counted whole (see expand).
+_COUNT_WHOLE_AFTER = 1 << 16
 #: Longest host name accepted (DNS names stop at 253); with ``limit`` it bounds expansion memory.
 MAX_NAME_LENGTH = 255
 #: Slurm keeps range bounds in an unsigned long and saturates anything larger.
@@ -385,35 +387,53 @@ def _expand_plain(text: str, limit: int) -> List[str]:
 def expand(text: str, *, limit: int = DEFAULT_LIMIT) -> List[str]:
     """Every host of a Slurm hostlist, in Slurm's order, duplicates kept (like ``scontrol show hostnames``).
 
-    Raises HostlistError for a malformed list or one with more than ``limit`` hosts; the count is checked
-    before any host is built, so a hostile list cannot exhaust memory.
+    Raises HostlistError for a malformed list or one with more than ``limit`` hosts. The count is checked
+    before hosts are built: an item is measured before it is built, and a list of several items is counted
+    whole once it grows past a few thousand hosts, so a hostile list cannot exhaust memory.
     """
     if "[" not in text and "]" not in text:
         return _expand_plain(text, limit)
     hosts: List[str] = []
     left = limit
+    # Hosts that may be built before the whole list is counted (None: counted, or a single item). Small
+    # lists never pay for the count; a large one pays once, which costs less than building it.
+    uncounted: Optional[int] = _COUNT_WHOLE_AFTER if limit > _COUNT_WHOLE_AFTER and _several_items(text) else None
     for start, item in _items(text):
-        if "[" not in item:
-            _check_plain(text, start, item)
-            if left < 1:
+        room = left if uncounted is None else min(left, uncounted)
+        built = _build_item(text, start, item, room)
+        if built is None and uncounted is not None and room < left:
+            if count(text) > limit:
                 _too_many(text, limit)
-            left -= 1
-            hosts.append(item)
-            continue
-        prefix, _, rest = item.partition("[")
-        body, _, after = rest.partition("]")
-        if "[" not in after:
-            fast = _expand_one_group(prefix, body, after, left)
-            if fast is not None:
-                left -= len(fast)
-                hosts = _concat(hosts, fast)
-                continue
-        parsed = _parse_item(text, start, item)
-        if parsed.size > left:
+            uncounted = None
+            built = _build_item(text, start, item, left)
+        if built is None:
             _too_many(text, limit)
-        left -= parsed.size
-        hosts = _concat(hosts, _expand_item(parsed))
+        left -= len(built)
+        if uncounted is not None:
+            uncounted -= len(built)
+        hosts = _concat(hosts, built)
     return hosts
+
+
+def _build_item(text: str, start: int, item: str, room: int) -> Optional[List[str]]:
+    """The hosts of one item, or None when it has more than ``room``; a malformed item raises."""
+    if "[" not in item:
+        _check_plain(text, start, item)
+        return [item] if room >= 1 else None
+    prefix, _, rest = item.partition("[")
+    body, _, after = rest.partition("]")
+    if "[" not in after:
+        fast = _expand_one_group(prefix, body, after, room)
+        if fast is not None:
+            return fast
+    parsed = _parse_item(text, start, item)
+    return None if parsed.size > room else _expand_item(parsed)
+
+
+def _several_items(text: str) -> bool:
+    """More than one item (a separator outside brackets is the only way); cheap, no parsing."""
+    stripped = text.strip()
+    return any(separator in stripped for separator in ", \t\n")
 
 
 def _concat(hosts: List[str], more: List[str]) -> List[str]:
