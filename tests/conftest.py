@@ -7,6 +7,8 @@ from typing import Dict, List
 
 import pytest
 
+from tests.reliability import reliability_record  # noqa: F401  (a fixture, for every test that records a case)
+
 FIXTURES = Path(__file__).parent / "fixtures"
 
 

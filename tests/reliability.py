@@ -1,7 +1,5 @@
 """Reliability report: tests that inject faults or fuzz inputs record what they tried and what happened.
 
-    from reliability import reliability_record          # a fixture (tests/ is on sys.path via its conftest)
-
     def test_x(reliability_record):
         ...
         reliability_record("rank 3 never starts", inputs="srun -N2 -n4", fault="rank 3 sleeps",

@@ -11,19 +11,7 @@ from typing import Callable, Iterator, List
 
 import pytest
 
-from tests.integration.cluster import (
-    REPO,
-    LocalCluster,
-    client_environ,
-    missing_prerequisite,
-    require,
-    run_checked,
-    start_cluster,
-)
-
-# Older tests import these from here; new ones should import tests.integration.cluster.
-__all__ = ["REPO", "LocalCluster", "client_environ", "missing_prerequisite", "require", "run_checked",
-           "start_cluster"]
+from tests.integration.cluster import LocalCluster, require, start_cluster
 
 
 @pytest.fixture(scope="session")

@@ -12,7 +12,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,7 +20,6 @@ from typing import Dict, List, Optional
 
 import pytest
 
-from reliability import reliability_record  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.integration
 RELIABILITY_SECTION = "Faults in real runs"

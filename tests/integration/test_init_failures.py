@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from workers.launch import ALLREDUCE, PYTHON, finish, free_port, rank_environ, start_ranks
+from tests.integration.workers.launch import ALLREDUCE, PYTHON, finish, free_port, rank_environ, start_ranks
 
 pytestmark = pytest.mark.integration
 

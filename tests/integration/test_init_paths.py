@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from workers.launch import (
+from tests.integration.workers.launch import (
     ALLREDUCE, PYTHON, check_allreduce, clean_environ, finish, free_port, run, start_ranks, tool,
 )
 

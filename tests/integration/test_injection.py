@@ -17,7 +17,6 @@ from typing import List
 
 import pytest
 
-from reliability import reliability_record  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.integration
 RELIABILITY_SECTION = "Bad input: shell injection through job names, commands and arguments"

@@ -21,7 +21,7 @@ from typing import Callable, Dict, List, Sequence
 
 import pytest
 
-from conftest import REPO, LocalCluster, client_environ, require, run_checked
+from tests.integration.cluster import REPO, LocalCluster, client_environ, require, run_checked
 
 pytestmark = pytest.mark.integration
 

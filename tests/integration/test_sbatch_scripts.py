@@ -12,7 +12,7 @@ from typing import List
 
 import pytest
 
-from conftest import REPO, require
+from tests.integration.cluster import REPO, require
 from slurmdist.sbatch_render import JobSpec, render
 
 JOB_SCRIPTS = sorted((REPO / "sbatch").glob("*.sh"))

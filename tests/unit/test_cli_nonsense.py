@@ -21,7 +21,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from reliability import reliability_record  # noqa: F401  (fixture)
 from slurmdist import cli
 from slurmdist.errors import SlurmdistError
 
