@@ -347,7 +347,10 @@ def test_node_loss_fails_the_job_promptly(local_cluster, tmp_path, reliability_r
         f"{run.returncode}: \"{srun_said[:200]}\"",
     )
     assert run.returncode != 0
-    # The surviving rank is slurmdist's part; srun's own wait for the dead node is Slurm's (SlurmdTimeout).
+    # srun's own wait for the dead node is Slurm's: until the node is marked DOWN (SlurmdTimeout, 20 s on the
+    # local cluster), never for ever.
+    assert "killed by the test" not in stderr, stderr[-2000:]
+    # The surviving rank is slurmdist's part.
     assert survivor.get("outcome") == "error"
     assert detect is not None and detect < COLLECTIVE_TIMEOUT + MARGIN
 
