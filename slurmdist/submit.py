@@ -150,6 +150,10 @@ class Resources:
                 f"gpus_per_node={self.gpus_per_node} runs one task per GPU, but tasks_per_node="
                 f"{self.tasks_per_node}; drop tasks_per_node (it follows gpus_per_node)"
             )
+        for name in ("name", "partition", "account"):  # each becomes an #SBATCH line of its own
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value or any(c in value for c in "\n\r\0")):
+                raise SubmitError(f"{name}={value!r} must be one non-empty line of text (it becomes an #SBATCH line)")
         if isinstance(self.setup, str):
             raise SubmitError("setup must be a list of shell lines, not one string")
         parse_time(self.time)

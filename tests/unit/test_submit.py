@@ -133,3 +133,12 @@ def test_importing_submit_imports_neither_submitit_nor_torch():
             "print(sorted(m for m in ('submitit', 'torch') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("field", ["name", "partition", "account"])
+@pytest.mark.parametrize("value", ["two\nlines", "carriage\rreturn", "", "nul\0byte"])
+def test_names_that_would_break_an_sbatch_line_are_refused(field, value):
+    from slurmdist.submit import Resources, SubmitError
+
+    with pytest.raises(SubmitError, match=field):
+        Resources(**{field: value})
