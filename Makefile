@@ -9,7 +9,7 @@ PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
 PYTEST_ARGS ?=
 
-.PHONY: venv system-deps test test-unit demo bench clean stop-cluster
+.PHONY: venv system-deps test test-unit demo bench reliability clean stop-cluster
 
 venv: $(VENV)/.installed
 
@@ -30,6 +30,13 @@ test-unit: venv
 
 demo: venv system-deps
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" scripts/demo
+
+# Rewrites docs/reliability.md from a real run of the fuzzing and fault-injection tests.
+# HYPOTHESIS_PROFILE=slow for the 100k-case fuzzing profile.
+reliability: venv system-deps
+	SLURMDIST_WRITE_RELIABILITY=1 PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest \
+		tests/unit/test_detect_properties.py tests/unit/test_cli_nonsense.py \
+		tests/integration/test_injection.py tests/integration/test_faults.py $(PYTEST_ARGS)
 
 bench: venv system-deps
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m benchmarks
