@@ -1,4 +1,4 @@
-"""One rank of a bootstrap run: form the process group, one all_reduce, one `BENCH {json}` line on stdout.
+"""One rank of a bootstrap run: form the process group, one all_reduce, one JSON record in BENCH_RESULT_DIR.
 
 `python boot_worker.py slurmdist` calls `slurmdist.init()`; `python boot_worker.py torch` calls
 `torch.distributed.init_process_group()` with env:// as a torchrun user does. A standalone script (no
@@ -99,7 +99,9 @@ def main() -> int:
         return 1
     record = {"rank": rank, "world": world, "process": PROCESS_START, "start": imported, "ready": ready,
               "done": done, "backend": str(dist.get_backend()), "phases": PHASES}
-    print("BENCH " + json.dumps(record), flush=True)
+    # A file per rank: launchers merge their children's stdout, and lines from two ranks can interleave.
+    with open(os.path.join(os.environ.get("BENCH_RESULT_DIR", "."), f"rank{rank}.json"), "w") as out:
+        json.dump(record, out)
     stop()
     return 0
 

@@ -64,8 +64,9 @@ def run_timeout(ranks: int) -> float:
     return 90.0 + 15.0 * ranks
 
 
-def records_of(stdout: str, ranks: int) -> List[dict]:
-    found = [json.loads(line[6:]) for line in stdout.splitlines() if line.startswith("BENCH ")]
+def records_of(directory: str, ranks: int) -> List[dict]:
+    """The JSON record each rank wrote into `directory`."""
+    found = [json.loads(path.read_text()) for path in Path(directory).glob("rank*.json")]
     if sorted(r["rank"] for r in found) != list(range(ranks)):
         raise RuntimeError(f"expected {ranks} ranks to report, got {sorted(r['rank'] for r in found)}")
     return found
@@ -74,8 +75,19 @@ def records_of(stdout: str, ranks: int) -> List[dict]:
 def srun_launch(ranks: int, extra: Dict[str, str]) -> Tuple[float, List[dict]]:
     argv = ["srun", f"-N{cluster.NODES}", f"-n{ranks}", "--kill-on-bad-exit=1", "--time=10",
             sys.executable, str(WORKER), "slurmdist"]
-    wall, done = run_process(argv, env={**cluster.environ(), **extra}, timeout=run_timeout(ranks))
-    return wall, records_of(done.stdout, ranks)
+    wall, _ = run_process(argv, env={**cluster.environ(), **extra}, timeout=run_timeout(ranks))
+    return wall, records_of(extra["BENCH_RESULT_DIR"], ranks)
+
+
+def srun_master_launch(ranks: int, extra: Dict[str, str]) -> Tuple[float, List[dict]]:
+    """srun with MASTER_ADDR set to node1's address: what a cluster whose node names resolve sees (the
+    local cluster's do not, so slurmdist falls back to `scontrol show node` on every rank)."""
+    from slurmdist.rendezvous import slurm_node_addr
+
+    address = slurm_node_addr("node1", cluster.environ())
+    if address is None:
+        raise RuntimeError("scontrol show node node1 gave no NodeAddr")
+    return srun_launch(ranks, {**extra, "MASTER_ADDR": address})
 
 
 def srun_true(ranks: int) -> Tuple[float, List[dict]]:
@@ -88,8 +100,8 @@ def srun_true(ranks: int) -> Tuple[float, List[dict]]:
 def torchrun_launch(ranks: int, extra: Dict[str, str]) -> Tuple[float, List[dict]]:
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
             str(WORKER), "torch"]
-    wall, done = run_process(argv, env={**cluster.clean_environ(), **extra}, timeout=run_timeout(ranks))
-    return wall, records_of(done.stdout, ranks)
+    wall, _ = run_process(argv, env={**cluster.clean_environ(), **extra}, timeout=run_timeout(ranks))
+    return wall, records_of(extra["BENCH_RESULT_DIR"], ranks)
 
 
 def free_port() -> int:
@@ -103,23 +115,21 @@ def env_launch(ranks: int, extra: Dict[str, str]) -> Tuple[float, List[dict]]:
     base = {**cluster.clean_environ(), **extra, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
             "WORLD_SIZE": str(ranks), "LOCAL_WORLD_SIZE": str(ranks)}
     start = time.perf_counter()
-    procs = [subprocess.Popen([sys.executable, str(WORKER), "torch"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    procs = [subprocess.Popen([sys.executable, str(WORKER), "torch"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                               text=True, env={**base, "RANK": str(r), "LOCAL_RANK": str(r)}) for r in range(ranks)]
-    outputs = []
     try:
         deadline = time.monotonic() + run_timeout(ranks)
         for proc in procs:
-            out, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            _, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
             if proc.returncode != 0:
                 raise RuntimeError(f"a rank exited with {proc.returncode}: {err.strip()[-300:]}")
-            outputs.append(out)
     finally:
         for proc in procs:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait(timeout=10)
     wall = time.perf_counter() - start
-    return wall, records_of("".join(outputs), ranks)
+    return wall, records_of(extra["BENCH_RESULT_DIR"], ranks)
 
 
 def mpirun_launch(ranks: int, extra: Dict[str, str]) -> Tuple[float, List[dict]]:
@@ -128,12 +138,14 @@ def mpirun_launch(ranks: int, extra: Dict[str, str]) -> Tuple[float, List[dict]]
         env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     exports = [arg for name in extra for arg in ("-x", name)]  # Open MPI forwards only what it is told to
     argv = ["mpirun", "-np", str(ranks), "--oversubscribe", *exports, sys.executable, str(WORKER), "slurmdist"]
-    wall, done = run_process(argv, env=env, timeout=run_timeout(ranks))
-    return wall, records_of(done.stdout, ranks)
+    wall, _ = run_process(argv, env=env, timeout=run_timeout(ranks))
+    return wall, records_of(extra["BENCH_RESULT_DIR"], ranks)
 
 
+OURS_RESOLVED = "slurmdist + srun, MASTER_ADDR given"
 LAUNCHES: Dict[str, Launch] = {
     OURS: srun_launch,
+    OURS_RESOLVED: srun_master_launch,
     TORCHRUN: torchrun_launch,
     "plain env:// (N processes)": env_launch,
     "slurmdist + mpirun": mpirun_launch,
@@ -142,8 +154,8 @@ LAUNCHES: Dict[str, Launch] = {
 
 def _in_allocation(start: Callable[..., Tuple[float, str]]) -> Launch:
     def launch(ranks: int, extra: Dict[str, str]) -> Tuple[float, List[dict]]:
-        wall, stdout = start(ranks, extra, str(WORKER), run_timeout(ranks))
-        return wall, records_of(stdout, ranks)
+        wall, _ = start(ranks, extra, str(WORKER), run_timeout(ranks))
+        return wall, records_of(extra["BENCH_RESULT_DIR"], ranks)
 
     return launch
 
@@ -171,8 +183,12 @@ def measure(names: Sequence[str], ranks: int, runs: int, ctx: Context) -> Dict[s
 
     def runner(name: str) -> Callable[[], float]:
         def run() -> float:
-            with tempfile.TemporaryDirectory(prefix="sd-bench-sync-", dir=_chosen["sync_root"]) as sync:
-                wall, records = launches()[name](ranks, {"BENCH_SYNC_DIR": sync, "BENCH_RANKS": str(ranks)})
+            with tempfile.TemporaryDirectory(prefix="sd-bench-", dir=_chosen["sync_root"]) as work:
+                sync, out = os.path.join(work, "sync"), os.path.join(work, "out")
+                os.mkdir(sync)
+                os.mkdir(out)
+                extra = {"BENCH_SYNC_DIR": sync, "BENCH_RANKS": str(ranks), "BENCH_RESULT_DIR": out}
+                wall, records = launches()[name](ranks, extra)
             results[name].add(wall, records)
             return wall
 
@@ -234,7 +250,7 @@ HEADER = ["ranks", "launch", "per rank: init -> all_reduce done, median (min-max
 
 def run(ctx: Context) -> Section:
     sizes = list(ctx.ranks) if ctx.ranks else ([4] if ctx.quick else [4, 8])
-    runs = ctx.runs(3, 1)
+    runs = ctx.runs(2, 1)
     if ctx.use_allocation:
         ctx.img_dir.parent.mkdir(parents=True, exist_ok=True)
         use_allocation(str(ctx.img_dir.parent.resolve()))
@@ -257,14 +273,14 @@ def run(ctx: Context) -> Section:
         section.add("Slurm's own share of the srun wall time, `srun -N2 -nN true` in the same run: " + ", ".join(
             f"{ranks} tasks {seconds(s.median)}" for ranks, s in baseline.items()) + ".", "")
     section.add(*EXPLANATION, "")
-    _phases(section, sizes[-1])
+    phase_table(section, sizes[-1])
     _plot(ctx, section, sizes)
     return section
 
 
-def _phases(section: Section, ranks: int) -> None:
+def phase_table(section: Section, ranks: int) -> None:
     """Where slurmdist's per-rank time goes (medians over ranks and runs), to say which phase to fix."""
-    columns = [name for name in (OURS, "slurmdist + mpirun") if RESULTS.get((name, ranks)) and RESULTS[(name, ranks)].phases]
+    columns = [name for name in (OURS, OURS_RESOLVED, "slurmdist + mpirun") if RESULTS.get((name, ranks)) and RESULTS[(name, ranks)].phases]
     if not columns:
         return
     labels: List[str] = []

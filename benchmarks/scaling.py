@@ -38,11 +38,11 @@ def _processes(ctx: Context, section: Section) -> None:
     runs = ctx.runs(2, 1)
     names = [bootstrap.OURS, bootstrap.TORCHRUN]
     section.add(ctx.header(f"Bootstrap against world size {sizes[0]}..{sizes[-1]} processes: {' vs '.join(names)}",
-                           f"{runs} interleaved runs per size (sizes the bootstrap benchmark already ran in this "
-                           "process are reused)"), "")
+                           f"{runs} interleaved runs per size, one from 16 ranks up (sizes the bootstrap benchmark "
+                           "already ran in this process are reused)"), "")
     for ranks in sizes:
         if not all((name, ranks) in bootstrap.RESULTS for name in names):
-            bootstrap.measure(names, ranks, runs, ctx)
+            bootstrap.measure(names, ranks, runs if ranks < 16 else 1, ctx)
     rows: List[List[str]] = []
     series: Dict[str, Tuple[List[float], List[float]]] = {}
     for name in names:
@@ -60,6 +60,7 @@ def _processes(ctx: Context, section: Section) -> None:
                 ys.append(value)
     section.add(*table(["ranks", "launch", "per rank: init -> all_reduce done (median)", "job wall (median)", "runs"],
                        sorted(rows, key=lambda r: (int(r[0]), r[1]))), "")
+    bootstrap.phase_table(section, sizes[-1])
     image(section, plots.lines(ctx.img_dir / "scaling-processes.png", series,
                                title="Bootstrap vs world size (processes on 2 cores)", xlabel="ranks",
                                ylabel="seconds (median)"), "bootstrap time against world size")
@@ -91,7 +92,7 @@ def _simulated(ctx: Context, section: Section) -> None:
                 f"{CONNECTIONS} store connections per process: opening one TCPStore client per simulated rank "
                 "stalled 5 s about once in 30 connections on this machine (torch's client, not slurmdist; "
                 "raw TCP connects do not), which would have made the run minutes long. "
-                "the baseline is the least any store-based start does (one counter increment and one wait per "
+                "The baseline is the least any store-based start does (one counter increment and one wait per "
                 "rank). `Rendezvous.fail()` is the path a timeout takes: one rank checks every rank's arrival "
                 "key once.", "")
     series = {
