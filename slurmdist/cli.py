@@ -7,7 +7,7 @@ import json
 import os
 import shlex
 import sys
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, Optional, Sequence
 
 from .distenv import DistEnv
 from .errors import SlurmdistError

@@ -17,7 +17,7 @@ import logging
 import os
 from typing import Callable, Dict, Mapping, Optional
 
-from .distenv import DistEnv
+from .distenv import LOOPBACK, DistEnv
 from .envvars import read_count, read_text, scheduler_job_id
 from .errors import LaunchError
 from .launchers import flux, mpi, slurm, submitit_local, torchrun
@@ -71,7 +71,7 @@ def single(environ: Mapping[str, str], job_id: Optional[str] = None) -> DistEnv:
         local_world_size=1,
         node_rank=0,
         num_nodes=1,
-        master_addr=read_text(environ, "MASTER_ADDR") or "127.0.0.1",
+        master_addr=read_text(environ, "MASTER_ADDR") or LOOPBACK,
         master_port=read_count(environ, "MASTER_PORT", minimum=1),
         job_id=job_id or scheduler_job_id(environ),
     )

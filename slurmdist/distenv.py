@@ -8,6 +8,9 @@ from typing import Any, Optional, Tuple
 
 from .errors import LaunchError
 
+# Where a launch that stays on this machine meets (one node, or a single process).
+LOOPBACK = "127.0.0.1"
+
 LAUNCHERS = (
     "torchrun",
     "slurm",

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Callable, Iterator, List, Mapping, Optional, Sequence, Tuple
 
-from .distenv import DistEnv
+from .distenv import LOOPBACK, DistEnv
 from .errors import RendezvousError
 from .launchers import slurm
 
@@ -140,6 +140,17 @@ def slurm_node_addr(node: str, environ: Mapping[str, str], timeout: float = 10.0
     return match.group(1)
 
 
+def names_this_host(host: str, hostname: str) -> bool:
+    """True when `host` is this machine (its name, full or short, or loopback): reachable with no lookup."""
+    bare = strip_brackets(host).lower()
+    if bare in ("localhost", LOOPBACK, "::1"):
+        return True
+    own = hostname.lower()
+    own_short = own.split(".")[0]
+    # node1 and node1.cluster.example are one node when one name is the other's short form.
+    return bool(own) and (bare in (own, own_short) or (own == own_short and bare.split(".")[0] == own))
+
+
 def resolve_host(host: str, environ: Mapping[str, str], timeout: float = 10.0) -> str:
     """A master host that resolves: the name itself, else Slurm's NodeAddr for it, else a `RendezvousError`."""
     bare = strip_brackets(host)
@@ -165,7 +176,7 @@ def own_address(single_node: bool) -> str:
         if not ipaddress.ip_address(address.split("%")[0]).is_loopback:
             return address
     if single_node:
-        return "127.0.0.1"
+        return LOOPBACK
     for family, probe in ((socket.AF_INET, "192.0.2.1"), (socket.AF_INET6, "2001:db8::1")):
         try:
             with socket.socket(family, socket.SOCK_DGRAM) as udp:  # connect() on UDP sends nothing
@@ -241,7 +252,7 @@ def resolve_master(
     environ = os.environ if environ is None else environ
     deadline = Deadline(init_timeout(timeout, environ))
     if env.world_size == 1:
-        return env.replace(master_addr=env.master_addr or "127.0.0.1", master_port=env.master_port or free_port())
+        return env.replace(master_addr=env.master_addr or LOOPBACK, master_port=env.master_port or free_port())
     if env.master_addr is None or env.master_port is None:
         if env.launcher not in MPI_LAUNCHERS:
             raise RendezvousError(
@@ -471,10 +482,15 @@ def connect(env: DistEnv, deadline: Deadline, environ: Mapping[str, str], genera
     if env.master_addr is None or env.master_port is None:
         store, env = _mpi_store(env, deadline, environ)
     else:
-        # Rank 0 too: the TCPStore server also connects a client to itself at this address.
-        env = env.replace(master_addr=resolve_host(env.master_addr, environ, min(10.0, deadline.remaining())))
+        if names_this_host(env.master_addr, socket.gethostname()):
+            # The store listens on every interface: ranks on the master's own node (rank 0 among them) reach
+            # it over loopback, with no name lookup and no `scontrol` call when node names are not in DNS.
+            host = LOOPBACK
+        else:
+            host = resolve_host(env.master_addr, environ, min(10.0, deadline.remaining()))
+            env = env.replace(master_addr=host)
         serve = env.rank == 0 and not agent_store  # torchrun's agent already serves the store
-        store = open_store(env.master_addr, env.master_port, env.rank, env.world_size, deadline, serve=serve)
+        store = open_store(host, env.master_port, env.rank, env.world_size, deadline, serve=serve)
     meeting = Rendezvous(store, env, Keys(run_prefix(env, environ, generation)), deadline)
     meeting.check_in()
     return meeting

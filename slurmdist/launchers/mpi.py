@@ -10,10 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping, Optional, Tuple
 
-from ..distenv import DistEnv
+from ..distenv import LOOPBACK, DistEnv
 from ..envvars import check_index, read_count, read_text, require_count, scheduler_job_id
-
-LOOPBACK = "127.0.0.1"
+from ..ports import step_port
 
 
 @dataclass(frozen=True)
@@ -26,10 +25,14 @@ class RankVariables:
     local_rank: str
     local_size: str
     node_rank: Optional[str] = None
+    # A value every rank of one launch shares (and another launch does not): on one node, a port derives
+    # from it, so the ranks meet without MPI itself. Launchers without one agree on a port over mpi4py.
+    launch_id: Optional[str] = None
 
 
 OPENMPI = RankVariables(
-    "openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"
+    "openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+    "OMPI_COMM_WORLD_LOCAL_SIZE", launch_id="PMIX_NAMESPACE",
 )
 MVAPICH = RankVariables(
     "mvapich", "MV2_COMM_WORLD_RANK", "MV2_COMM_WORLD_SIZE", "MV2_COMM_WORLD_LOCAL_RANK", "MV2_COMM_WORLD_LOCAL_SIZE"
@@ -68,6 +71,7 @@ def read(spec: RankVariables, environ: Mapping[str, str]) -> Optional[DistEnv]:
         world_size=world_size,
         local_world_size=local_world_size,
         node_rank=read_count(environ, spec.node_rank) if spec.node_rank else None,
+        launch_id=read_text(environ, spec.launch_id) if spec.launch_id else None,
     )
 
 
@@ -96,11 +100,15 @@ def rank_env(
     local_world_size: int,
     node_rank: Optional[int] = None,
     num_nodes: Optional[int] = None,
+    launch_id: Optional[str] = None,
 ) -> DistEnv:
     """A DistEnv for a launcher without a nodelist: one node is loopback, several are resolved at init."""
     single_node = local_world_size == world_size
     if single_node:
         node_rank, num_nodes = 0, 1
+    master_port = read_count(environ, "MASTER_PORT", minimum=1)
+    if master_port is None and single_node and launch_id:
+        master_port = step_port(launch_id, "0")
     return DistEnv(
         launcher=launcher,
         rank=rank,
@@ -110,7 +118,7 @@ def rank_env(
         node_rank=node_rank,
         num_nodes=num_nodes,
         master_addr=read_text(environ, "MASTER_ADDR") or (LOOPBACK if single_node else None),
-        master_port=read_count(environ, "MASTER_PORT", minimum=1),
+        master_port=master_port,
         job_id=scheduler_job_id(environ),
     )
 

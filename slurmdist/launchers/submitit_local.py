@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Mapping, Optional
 
-from ..distenv import DistEnv
+from ..distenv import LOOPBACK, DistEnv
 from ..envvars import check_index, read_count, read_text, require_count
 from ..ports import step_port
 
@@ -36,7 +36,7 @@ def read(environ: Mapping[str, str]) -> Optional[DistEnv]:
         local_world_size=world_size,  # the LocalExecutor runs every task on this one machine
         node_rank=0,
         num_nodes=1,
-        master_addr=read_text(environ, "MASTER_ADDR") or "127.0.0.1",
+        master_addr=read_text(environ, "MASTER_ADDR") or LOOPBACK,
         master_port=master_port,
         job_id=job_id,
     )

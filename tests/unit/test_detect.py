@@ -107,6 +107,15 @@ def test_openmpi_ranks_keep_openmpis_own_local_rank_order():
         assert env.master_addr == "127.0.0.1"
 
 
+def test_open_mpi_on_one_node_derives_its_port_from_the_launch_so_no_mpi_is_needed_to_meet():
+    envs = [env for _, env in detect_all("mpi/openmpi_np4")]
+    assert len({env.master_port for env in envs}) == 1 and PORT_MIN <= envs[0].master_port <= PORT_MAX
+    other_launch = detect({**load_case("mpi/openmpi_np4")[0], "PMIX_NAMESPACE": "prterun-vm-9999@1"})
+    assert other_launch.master_port != envs[0].master_port
+    across_nodes = detect({**load_case("mpi/openmpi_np4")[0], "OMPI_COMM_WORLD_LOCAL_SIZE": "2"})
+    assert (across_nodes.master_addr, across_nodes.master_port) == (None, None)  # agreed over mpi4py at init
+
+
 def test_mpich_hydra_is_read_through_pmi_variables():
     for environ, env in detect_all("mpi/mpich_np4"):
         assert env.launcher == "pmi"

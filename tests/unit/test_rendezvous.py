@@ -10,7 +10,8 @@ import pytest
 from slurmdist.distenv import DistEnv
 from slurmdist.errors import RendezvousError
 from slurmdist.rendezvous import (
-    Deadline, compress_ranks, connect, hostport, init_timeout, resolve_host, resolve_master, run_prefix,
+    Deadline, compress_ranks, connect, hostport, init_timeout, names_this_host, resolve_host, resolve_master,
+    run_prefix,
     strip_brackets,
 )
 
@@ -124,3 +125,22 @@ def test_resolve_master_keeps_what_detect_gave():
     assert resolve_master(env.replace(world_size=1, rank=0, local_rank=0, local_world_size=1), environ={}).master_port
     with pytest.raises(RendezvousError, match="MASTER_ADDR"):
         resolve_master(env.replace(master_addr=None), environ={})
+
+
+@pytest.mark.parametrize("host,hostname,same", [
+    ("node1", "node1", True),
+    ("NODE1", "node1", True),
+    ("node1", "node1.cluster.example", True),
+    ("node1.cluster.example", "node1", True),
+    ("node1.cluster.example", "node1.cluster.example", True),
+    ("localhost", "anything", True),
+    ("127.0.0.1", "anything", True),
+    ("[::1]", "anything", True),
+    ("node2", "node1", False),
+    ("node10", "node1", False),
+    ("node1.other.example", "node1.cluster.example", False),
+    ("10.0.0.5", "node1", False),
+    ("node1", "", False),
+])
+def test_names_this_host(host, hostname, same):
+    assert names_this_host(host, hostname) is same
