@@ -18,7 +18,7 @@ import os
 from typing import Callable, Dict, Mapping, Optional
 
 from .distenv import LOOPBACK, DistEnv
-from .envvars import read_count, read_text, scheduler_job_id
+from .envvars import explicit_master, scheduler_job_id
 from .errors import LaunchError
 from .launchers import flux, mpi, slurm, submitit_local, torchrun
 
@@ -63,6 +63,7 @@ def detect(environ: Optional[Mapping[str, str]] = None) -> DistEnv:
 
 def single(environ: Mapping[str, str], job_id: Optional[str] = None) -> DistEnv:
     """Rank 0 of 1 on this machine."""
+    master_addr, master_port = explicit_master(environ)
     return DistEnv(
         launcher="single",
         rank=0,
@@ -71,8 +72,8 @@ def single(environ: Mapping[str, str], job_id: Optional[str] = None) -> DistEnv:
         local_world_size=1,
         node_rank=0,
         num_nodes=1,
-        master_addr=read_text(environ, "MASTER_ADDR") or LOOPBACK,
-        master_port=read_count(environ, "MASTER_PORT", minimum=1),
+        master_addr=master_addr or LOOPBACK,
+        master_port=master_port,
         job_id=job_id or scheduler_job_id(environ),
     )
 

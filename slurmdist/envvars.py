@@ -120,6 +120,11 @@ def read_text(environ: Mapping[str, str], name: str) -> Optional[str]:
     return raw.strip()
 
 
+def explicit_master(environ: Mapping[str, str]) -> Tuple[Optional[str], Optional[int]]:
+    """MASTER_ADDR and MASTER_PORT when set: whatever the launcher, what the user exported wins."""
+    return read_text(environ, "MASTER_ADDR"), read_count(environ, "MASTER_PORT", minimum=1)
+
+
 def scheduler_job_id(environ: Mapping[str, str]) -> Optional[str]:
     """The batch scheduler's job id, whichever scheduler this is (None outside any)."""
     for name in JOB_ID_VARIABLES:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Mapping, Optional, Tuple
 
 from ..distenv import LOOPBACK, DistEnv
-from ..envvars import check_index, read_count, read_text, require_count, scheduler_job_id
+from ..envvars import check_index, explicit_master, read_count, read_text, require_count, scheduler_job_id
 from ..ports import step_port
 
 
@@ -106,7 +106,7 @@ def rank_env(
     single_node = local_world_size == world_size
     if single_node:
         node_rank, num_nodes = 0, 1
-    master_port = read_count(environ, "MASTER_PORT", minimum=1)
+    master_addr, master_port = explicit_master(environ)
     if master_port is None and single_node and launch_id:
         master_port = step_port(launch_id, "0")
     return DistEnv(
@@ -117,7 +117,7 @@ def rank_env(
         local_world_size=local_world_size,
         node_rank=node_rank,
         num_nodes=num_nodes,
-        master_addr=read_text(environ, "MASTER_ADDR") or (LOOPBACK if single_node else None),
+        master_addr=master_addr or (LOOPBACK if single_node else None),
         master_port=master_port,
         job_id=scheduler_job_id(environ),
     )

@@ -15,9 +15,9 @@ from .. import hostlist
 from ..distenv import DistEnv
 from ..envvars import (
     check_index,
+    explicit_master,
     first_count,
     parse_tasks_per_node,
-    read_count,
     read_text,
     require_count,
 )
@@ -88,8 +88,8 @@ def read_step(environ: Mapping[str, str]) -> Optional[DistEnv]:
     check_index("srun", "SLURM_LOCALID", local_rank, f"{layout_name}[node {node_rank}]", local_world_size)
 
     job = job_id(environ)
-    master_addr = read_text(environ, "MASTER_ADDR") or _first_host(environ, num_nodes)
-    master_port = read_count(environ, "MASTER_PORT", minimum=1)
+    master_addr, master_port = explicit_master(environ)
+    master_addr = master_addr or _first_host(environ, num_nodes)
     if master_port is None:
         master_port = step_port(job or "0", step)
     return DistEnv(

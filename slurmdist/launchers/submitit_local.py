@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Mapping, Optional
 
 from ..distenv import LOOPBACK, DistEnv
-from ..envvars import check_index, read_count, read_text, require_count
+from ..envvars import check_index, explicit_master, read_text, require_count
 from ..ports import step_port
 
 LAUNCHER = "submitit-local"
@@ -25,7 +25,7 @@ def read(environ: Mapping[str, str]) -> Optional[DistEnv]:
     check_index(LAUNCHER, "SUBMITIT_LOCAL_GLOBALID", rank, "SUBMITIT_LOCAL_NTASKS", world_size)
     check_index(LAUNCHER, "SUBMITIT_LOCAL_LOCALID", local_rank, "SUBMITIT_LOCAL_NTASKS", world_size)
     job_id = read_text(environ, "SUBMITIT_LOCAL_JOB_ID")
-    master_port = read_count(environ, "MASTER_PORT", minimum=1)
+    master_addr, master_port = explicit_master(environ)
     if master_port is None:
         master_port = step_port(job_id or "0", "0")
     return DistEnv(
@@ -36,7 +36,7 @@ def read(environ: Mapping[str, str]) -> Optional[DistEnv]:
         local_world_size=world_size,  # the LocalExecutor runs every task on this one machine
         node_rank=0,
         num_nodes=1,
-        master_addr=read_text(environ, "MASTER_ADDR") or LOOPBACK,
+        master_addr=master_addr or LOOPBACK,
         master_port=master_port,
         job_id=job_id,
     )

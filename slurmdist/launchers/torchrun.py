@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Mapping, Optional
 
 from ..distenv import DistEnv
-from ..envvars import read_count, read_text, require_count, scheduler_job_id
+from ..envvars import explicit_master, read_count, require_count, scheduler_job_id
 from ..errors import LaunchError
 
 _CORE = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
@@ -32,6 +32,7 @@ def read(environ: Mapping[str, str]) -> Optional[DistEnv]:
                 "LOCAL_WORLD_SIZE",
             )
         local_world_size = 1
+    master_addr, master_port = explicit_master(environ)
     return DistEnv(
         launcher="torchrun",
         rank=rank,
@@ -40,8 +41,8 @@ def read(environ: Mapping[str, str]) -> Optional[DistEnv]:
         local_world_size=local_world_size,
         node_rank=read_count(environ, "GROUP_RANK"),
         num_nodes=read_count(environ, "GROUP_WORLD_SIZE", minimum=1),
-        master_addr=read_text(environ, "MASTER_ADDR"),
-        master_port=read_count(environ, "MASTER_PORT", minimum=1),
+        master_addr=master_addr,
+        master_port=master_port,
         job_id=scheduler_job_id(environ) or environ.get("TORCHELASTIC_RUN_ID") or None,
     )
 
