@@ -138,13 +138,7 @@ def _init_group(
 
 def _collective_timeout(environ: Mapping[str, str]) -> float:
     value = environ.get(COLLECTIVE_TIMEOUT_VARIABLE, DEFAULT_COLLECTIVE_TIMEOUT)
-    try:
-        seconds = float(value)
-    except ValueError:
-        raise SlurmdistError(f"{COLLECTIVE_TIMEOUT_VARIABLE}={value!r} is not a number of seconds") from None
-    if not seconds > 0:
-        raise SlurmdistError(f"{COLLECTIVE_TIMEOUT_VARIABLE}={value!r} must be a positive number of seconds")
-    return seconds
+    return rendezvous.positive_seconds(COLLECTIVE_TIMEOUT_VARIABLE, value, SlurmdistError)
 
 
 def shutdown() -> None:

@@ -54,17 +54,18 @@ class Deadline:
 def init_timeout(timeout: Optional[float], environ: Mapping[str, str]) -> float:
     """The rendezvous bound in seconds: the argument, else `SLURMDIST_INIT_TIMEOUT`, else 300."""
     if timeout is not None:
-        value: Any = timeout
-        source = "timeout"
-    else:
-        value = environ.get(TIMEOUT_VARIABLE, DEFAULT_TIMEOUT)
-        source = TIMEOUT_VARIABLE
+        return positive_seconds("timeout", timeout, RendezvousError)
+    return positive_seconds(TIMEOUT_VARIABLE, environ.get(TIMEOUT_VARIABLE, DEFAULT_TIMEOUT), RendezvousError)
+
+
+def positive_seconds(source: str, value: Any, error: Callable[[str], Exception]) -> float:
+    """`value` (an argument or a variable's text) as a positive number of seconds; `error` names `source`."""
     try:
         seconds = float(value)
     except (TypeError, ValueError):
-        raise RendezvousError(f"{source}={value!r} is not a number of seconds") from None
+        raise error(f"{source}={value!r} is not a number of seconds") from None
     if not seconds > 0:
-        raise RendezvousError(f"{source}={value!r} must be a positive number of seconds")
+        raise error(f"{source}={value!r} must be a positive number of seconds")
     return seconds
 
 
@@ -240,24 +241,29 @@ def mpi_broadcast(comm: Any, text: Optional[str], deadline: Deadline, size: int 
     return bytes(buffer).rstrip(b"\0").decode()
 
 
+def require_mpi_launcher(env: DistEnv) -> None:
+    """Only MPI launchers can agree on a master over MPI; any other launch must say where rank 0 listens."""
+    if env.launcher not in MPI_LAUNCHERS:
+        raise RendezvousError(
+            f"the {env.launcher} launch gave no master address/port; set MASTER_ADDR and MASTER_PORT"
+        )
+
+
 def resolve_master(
     env: DistEnv, *, environ: Optional[Mapping[str, str]] = None, timeout: Optional[float] = None
 ) -> DistEnv:
     """Fill in `master_addr`/`master_port` where `detect()` left them None, and make the address resolvable.
 
     MPI launches across nodes learn rank 0's address and a free port over mpi4py (every rank must call
-    this; MPI is finalized again when this call initialised it). A master name that is not in DNS is replaced by Slurm's NodeAddr. For the CLI, which exports the
-    result before starting the training process.
+    this; MPI is finalized again when this call initialised it). A master name that is not in DNS is replaced
+    by Slurm's NodeAddr. For the CLI, which exports the result before starting the training process.
     """
     environ = os.environ if environ is None else environ
     deadline = Deadline(init_timeout(timeout, environ))
     if env.world_size == 1:
         return env.replace(master_addr=env.master_addr or LOOPBACK, master_port=env.master_port or free_port())
     if env.master_addr is None or env.master_port is None:
-        if env.launcher not in MPI_LAUNCHERS:
-            raise RendezvousError(
-                f"the {env.launcher} launch gave no master address/port; set MASTER_ADDR and MASTER_PORT"
-            )
+        require_mpi_launcher(env)
         started_mpi = "mpi4py.MPI" not in sys.modules
         comm = mpi_comm(env, environ)
         mine = None
@@ -498,10 +504,7 @@ def connect(env: DistEnv, deadline: Deadline, environ: Mapping[str, str], genera
 
 def _mpi_store(env: DistEnv, deadline: Deadline, environ: Mapping[str, str]) -> Tuple[Any, DistEnv]:
     """MPI across nodes: rank 0 opens its store on a kernel-chosen port, then broadcasts address and port."""
-    if env.launcher not in MPI_LAUNCHERS:
-        raise RendezvousError(
-            f"the {env.launcher} launch gave no master address/port; set MASTER_ADDR and MASTER_PORT"
-        )
+    require_mpi_launcher(env)
     comm = mpi_comm(env, environ)
     store, mine = None, None
     if env.rank == 0:
