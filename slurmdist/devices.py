@@ -8,8 +8,7 @@ never writes them: a visibility variable belongs to the user and the scheduler.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Mapping, Optional, Tuple
+from typing import Mapping, NamedTuple, Optional, Tuple
 
 from .errors import BackendError
 
@@ -18,8 +17,7 @@ SHARE_VARIABLE = "SLURMDIST_SHARE_DEVICES"
 TRUE_WORDS = ("1", "true", "yes", "on")
 
 
-@dataclass(frozen=True)
-class DevicePlan:
+class DevicePlan(NamedTuple):
     """`device` as a string torch accepts ('cpu', 'cuda:0') and the `device_ids` DDP wants (None on CPU)."""
 
     device_type: str

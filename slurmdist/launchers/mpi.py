@@ -7,16 +7,14 @@ learns them over MPI itself.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Mapping, Optional, Tuple
+from typing import Mapping, NamedTuple, Optional, Tuple
 
 from ..distenv import LOOPBACK, DistEnv
 from ..envvars import check_index, explicit_master, read_count, read_text, require_count, scheduler_job_id
 from ..ports import step_port
 
 
-@dataclass(frozen=True)
-class RankVariables:
+class RankVariables(NamedTuple):
     """The variable names one MPI launcher uses."""
 
     launcher: str
