@@ -25,6 +25,7 @@ one place: Slurm refuses a single range of more than 65536 hosts; here only the 
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Dict, Iterable, Iterator, List, NoReturn, Optional, Tuple
 
@@ -45,15 +46,27 @@ _MAX_DIGITS = len(str(_MAX_NUMBER))
 _SEP = r"[, \t\n]"
 _PLAIN = r"[^, \t\n\[\]]"
 _ITEM = rf"{_PLAIN}*(?:\[[^\[\]]*\]{_PLAIN}*)*"
-# Unambiguous (items are non-empty and cannot start with a separator), so matching stays linear even when
-# it fails on a long input.
-_LIST_RE = re.compile(rf"{_SEP}*(?:(?={_PLAIN}|\[){_ITEM}(?:{_SEP}+(?={_PLAIN}|\[){_ITEM})*{_SEP}*)?")
-_ITEMS_RE = re.compile(rf"(?={_PLAIN}|\[){_ITEM}")
-_FIRST_RE = re.compile(rf"{_SEP}*((?={_PLAIN}|\[){_ITEM})(?:{_SEP}|\Z)")
-_SEPS_RE = re.compile(rf"{_SEP}+")
-_BRACKET_RE = re.compile(r"[\[\]]")
-_BODY_RE = re.compile(r"[0-9]+(?:-[0-9]+)?(?:,[0-9]+(?:-[0-9]+)?)*")
-_RANGE_RE = re.compile(r"([0-9]+)(?:-([0-9]+))?")
+_GRAMMAR = {
+    # Unambiguous (items are non-empty and cannot start with a separator), so matching stays linear even
+    # when it fails on a long input.
+    "list": rf"{_SEP}*(?:(?={_PLAIN}|\[){_ITEM}(?:{_SEP}+(?={_PLAIN}|\[){_ITEM})*{_SEP}*)?",
+    "items": rf"(?={_PLAIN}|\[){_ITEM}",
+    "first": rf"{_SEP}*((?={_PLAIN}|\[){_ITEM})(?:{_SEP}|\Z)",
+    "separators": rf"{_SEP}+",
+    "brackets": r"[\[\]]",
+    "body": r"[0-9]+(?:-[0-9]+)?(?:,[0-9]+(?:-[0-9]+)?)*",
+    "range": r"([0-9]+)(?:-([0-9]+))?",
+}
+
+
+@functools.lru_cache(maxsize=None)
+def _re(name: str) -> "re.Pattern[str]":
+    """A pattern of the grammar, compiled on first use: compiling them all takes about 1.5 ms, which every
+    rank would pay inside init() although a job's own nodelist takes the regex-free path (_lone_item)."""
+    return re.compile(_GRAMMAR[name])
+
+
+# Used per host by compress(); cheap to compile.
 _TRAILING_DIGITS_RE = re.compile(r"[0-9]*\Z")
 _AMBIGUOUS_RE = re.compile(r"[,\[\]\s]")
 
@@ -84,7 +97,7 @@ def _fail(text: str, pos: int, what: str) -> NoReturn:
 def _diagnose_brackets(text: str) -> NoReturn:
     """Explain why the bracket structure of ``text`` is wrong (called once the fast check failed)."""
     opened: Optional[int] = None
-    for match in _BRACKET_RE.finditer(text):
+    for match in _re("brackets").finditer(text):
         pos = match.start()
         if match.group() == "[":
             if opened is not None:
@@ -109,7 +122,7 @@ def _diagnose_body(text: str, pos: int, body: str) -> NoReturn:
             _fail(text, pos, f"range {piece!r} has no lower bound")
         if dash and not high:
             _fail(text, pos, f"range {piece!r} has no upper bound")
-        if not _RANGE_RE.fullmatch(piece):
+        if not _re("range").fullmatch(piece):
             _fail(text, pos, f"range {piece!r} may contain only the digits 0-9 and one '-'")
         pos += len(piece) + 1
     raise AssertionError(f"bracket body {body!r} looked wrong but is not")  # pragma: no cover
@@ -134,12 +147,12 @@ def _range_pos(pos: int, body: str, index: int) -> int:
 
 def _parse_group(text: str, pos: int, body: str) -> Tuple[List[Range], int, int]:
     """Ranges of one bracket group at ``pos``, how many numbers it yields and its widest number."""
-    if not _BODY_RE.fullmatch(body):
+    if not _re("body").fullmatch(body):
         _diagnose_body(text, pos, body)
     ranges: List[Range] = []
     total = 0
     widest = 0
-    for index, (low_digits, high_digits) in enumerate(_RANGE_RE.findall(body)):
+    for index, (low_digits, high_digits) in enumerate(_re("range").findall(body)):
         width = len(low_digits)
         if width > MAX_NAME_LENGTH:
             _fail(text, _range_pos(pos, body, index), f"number is longer than {MAX_NAME_LENGTH} characters")
@@ -196,9 +209,9 @@ def _check_plain(text: str, start: int, name: str) -> None:
 
 def _items(text: str) -> Iterator[Tuple[int, str]]:
     """(offset, item) for every non-empty item, after checking the bracket structure of the whole text."""
-    if not _LIST_RE.fullmatch(text):
+    if not _re("list").fullmatch(text):
         _diagnose_brackets(text)
-    for match in _ITEMS_RE.finditer(text):
+    for match in _re("items").finditer(text):
         yield match.start(), match.group()
 
 
@@ -331,7 +344,7 @@ def _expand_one_group(prefix: str, body: str, after: str, left: int) -> Optional
     (bad syntax, long numbers, descending or oversized ranges) returns None so that ``_parse_item`` can
     raise the precise error.
     """
-    if len(prefix) + len(after) > _SAFE_AFFIX or not _BODY_RE.fullmatch(body):
+    if len(prefix) + len(after) > _SAFE_AFFIX or not _re("body").fullmatch(body):
         return None
     chunks: List[str] = []
     total = 0
@@ -357,7 +370,7 @@ def _expand_one_group(prefix: str, body: str, after: str, left: int) -> Optional
 
 def _count_one_group(body: str) -> Optional[int]:
     """Host count of one bracket group, or None when it needs the careful path (see _expand_one_group)."""
-    if not _BODY_RE.fullmatch(body):
+    if not _re("body").fullmatch(body):
         return None
     total = 0
     for piece in body.split(","):
@@ -372,7 +385,7 @@ def _count_one_group(body: str) -> Optional[int]:
 def _expand_plain(text: str, limit: int) -> List[str]:
     """Fast path for a list without brackets: just split it."""
     if " " in text or "\t" in text or "\n" in text:
-        parts = _SEPS_RE.split(text)
+        parts = _re("separators").split(text)
     else:
         parts = text.split(",")
     hosts = [p for p in parts if p]
@@ -444,14 +457,61 @@ def _concat(hosts: List[str], more: List[str]) -> List[str]:
     return hosts
 
 
+def _ascii_digits(text: str) -> bool:
+    return text.isdigit() and text.isascii()
+
+
+def _range_digits(piece: str) -> Optional[Tuple[str, str]]:
+    """(low, high) digits of a range written ``N`` (high is '') or ``LO-HI``; None unless ASCII digits."""
+    low_digits, dash, high_digits = piece.partition("-")
+    if _ascii_digits(low_digits) and (not dash or _ascii_digits(high_digits)):
+        return low_digits, high_digits
+    return None
+
+
+def _ordinary_range(piece: str) -> Optional[Tuple[str, int, int]]:
+    """(low as written, low, high) of a range with short numbers in order; None for anything else, which
+    the grammar then checks (and explains)."""
+    digits = _range_digits(piece)
+    bounds = None if digits is None else _fast_bounds(*digits)
+    return None if bounds is None else (piece.partition("-")[0], bounds[0], bounds[1])
+
+
+def _lone_item(text: str) -> Optional[Tuple[str, Optional[List[str]], str]]:
+    """(prefix, ranges or None, suffix) when the whole list is one ordinary item -- ``name`` or
+    ``prefix[ranges]suffix`` with no separator outside the brackets, as Slurm writes a one-group nodelist --
+    else None. Read with string methods only, so a job's own nodelist never compiles the grammar."""
+    if " " in text or "\t" in text or "\n" in text:
+        return None
+    prefix, bracket, rest = text.partition("[")
+    if not bracket:
+        return None if not text or "," in text or "]" in text else (text, None, "")
+    body, closed, after = rest.partition("]")
+    if not closed or "," in prefix or "]" in prefix or "[" in body or any(c in after for c in "[],"):
+        return None
+    if len(prefix) + len(after) > _SAFE_AFFIX:
+        return None
+    ranges = body.split(",")
+    return (prefix, ranges, after) if all(map(_range_digits, ranges)) else None
+
+
 def count(text: str) -> int:
     """How many hosts ``expand(text)`` gives, validating the whole list without building any host.
 
     Cheap enough to check a job's nodelist against its node count; no ``limit`` since nothing is built.
     """
+    lone = _lone_item(text)
+    if lone is not None:
+        prefix, ranges, _ = lone
+        if ranges is None:
+            _check_plain(text, 0, prefix)
+            return 1
+        bounds = [_ordinary_range(piece) for piece in ranges]
+        if all(bounds):
+            return sum(high - low + 1 for _, low, high in bounds)  # type: ignore[misc]
     if "[" not in text and "]" not in text:
         total = 0
-        for match in _ITEMS_RE.finditer(text):
+        for match in _re("items").finditer(text):
             _check_plain(text, match.start(), match.group())
             total += 1
         return total
@@ -477,7 +537,16 @@ def first(text: str) -> str:
     range each bracket group starts with is checked for order and size; later ranges and items are not
     looked at, so this stays in microseconds on a list of a thousand fragments.
     """
-    match = _FIRST_RE.match(text)
+    lone = _lone_item(text)
+    if lone is not None:
+        prefix, ranges, after = lone
+        if ranges is None:
+            _check_plain(text, 0, prefix)
+            return prefix
+        head = _ordinary_range(ranges[0])
+        if head is not None:
+            return prefix + head[0] + after
+    match = _re("first").match(text)
     if match is None:
         if not text.strip(", \t\n"):
             raise HostlistError(f"Slurm hostlist {_quote(text)} names no host")
@@ -493,7 +562,7 @@ def first(text: str) -> str:
     pos = start + len(parts[0]) + 1
     for part in parts[1:]:
         body, _, literal = part.partition("]")
-        if not _BODY_RE.fullmatch(body):
+        if not _re("body").fullmatch(body):
             _diagnose_body(text, pos, body)
         head = body.split(",", 1)[0]
         _parse_group(text, pos, head)

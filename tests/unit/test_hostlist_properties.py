@@ -8,10 +8,12 @@ from __future__ import annotations
 import os
 from typing import List
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
+from slurmdist import hostlist
 from slurmdist.errors import HostlistError
 from slurmdist.hostlist import compress, count, expand, first
 
@@ -126,3 +128,38 @@ def test_valid_lists_expand_consistently(text: str) -> None:
     assert count(text) == len(hosts_)
     assert first(text) == hosts_[0]
     assert expand(compress(hosts_)) == hosts_
+
+
+def _outcome(function, text: str):
+    try:
+        return function(text)
+    except HostlistError as error:
+        return HostlistError, str(error)
+
+
+# One-item lists, the shape Slurm gives a job, in valid and broken forms: the regex-free path's domain.
+LONE_ITEMS = st.one_of(
+    valid_lists(),
+    st.text(st.sampled_from("n0123456789[]-,x"), max_size=20),
+)
+
+
+@PROFILE
+@given(st.one_of(ANY_TEXT, LONE_ITEMS))
+def test_the_regex_free_path_answers_as_the_grammar_does(text: str) -> None:
+    fast = [_outcome(function, text) for function in (count, first)]
+    original = hostlist._lone_item
+    hostlist._lone_item = lambda text: None  # every list through the compiled grammar
+    try:
+        slow = [_outcome(function, text) for function in (count, first)]
+    finally:
+        hostlist._lone_item = original
+    assert fast == slow
+
+
+@pytest.mark.parametrize("nodelist", ["node1", "node[1-2]", "gpu[001-016,020]", "r01n[001-128]-ib"])
+def test_a_jobs_own_nodelist_compiles_no_pattern(nodelist: str) -> None:
+    # Every rank reads its nodelist inside init(); compiling the grammar would cost each of them ~1.5 ms.
+    hostlist._re.cache_clear()
+    count(nodelist), first(nodelist)
+    assert hostlist._re.cache_info().currsize == 0
