@@ -20,9 +20,8 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Callable, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 from .distenv import LOOPBACK, DistEnv
 from .errors import RendezvousError
@@ -34,7 +33,9 @@ MPI_LAUNCHERS = ("openmpi", "pmi", "mvapich", "pals", "flux", "jsrun", "mpi4py")
 DEFAULT_TIMEOUT = 300.0
 TIMEOUT_VARIABLE = "SLURMDIST_INIT_TIMEOUT"
 VERDICT_GRACE = 5.0  # how long a rank waits for another rank's timeout report before writing its own
-POLL_FIRST, POLL_MAX = 0.005, 0.05  # seconds between connection attempts to a store not yet listening
+# Seconds between connection attempts to a store not yet listening: ranks usually start within a few ms of
+# rank 0, so the first retries are short (a refused connect costs microseconds).
+POLL_FIRST, POLL_MAX = 0.001, 0.05
 
 
 class Deadline:
@@ -77,6 +78,13 @@ def strip_brackets(host: str) -> str:
     return host[1:-1] if host.startswith("[") and host.endswith("]") else host
 
 
+def lookup_form(host: str) -> Union[str, bytes]:
+    """`host` as getaddrinfo takes it: ASCII names (all real host names) as bytes, because a str makes
+    Python load its idna codec first -- about 1 ms that every rank would pay inside init()."""
+    bare = strip_brackets(host)
+    return bare.encode("ascii") if bare.isascii() else bare
+
+
 def is_ipv6(host: str) -> bool:
     try:
         return isinstance(ipaddress.ip_address(strip_brackets(host).split("%")[0]), ipaddress.IPv6Address)
@@ -114,7 +122,7 @@ def addresses(host: str, timeout: float = 10.0) -> List[str]:
     """The IP addresses a name resolves to (empty when it does not resolve in time)."""
     try:
         infos = _call_with_timeout(
-            lambda: socket.getaddrinfo(strip_brackets(host), None, type=socket.SOCK_STREAM), timeout, "resolve"
+            lambda: socket.getaddrinfo(lookup_form(host), None, type=socket.SOCK_STREAM), timeout, "resolve"
         )
     except (OSError, TimeoutError, UnicodeError):
         return []
@@ -286,7 +294,7 @@ def wait_listening(host: str, port: int, deadline: Deadline, world_size: int) ->
     last: Optional[BaseException] = None
     while True:
         try:
-            with socket.create_connection((strip_brackets(host), port), timeout=min(2.0, deadline.remaining())):
+            with socket.create_connection((lookup_form(host), port), timeout=min(2.0, deadline.remaining())):
                 return
         except OSError as exc:
             last = exc
@@ -342,19 +350,20 @@ def open_store(
         ) from None
 
 
-@dataclass(frozen=True)
 class Keys:
     """Store keys of one rendezvous; `prefix` separates jobs, restarts and repeated init() calls."""
 
-    prefix: str
+    __slots__ = ("prefix", "count", "verdict", "reporter", "seen")
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+        self.count = f"{prefix}/count"  # ranks checked in
+        self.verdict = f"{prefix}/verdict"  # 'go', or what went wrong
+        self.reporter = f"{prefix}/reporter"  # the first rank to notice a failure writes the verdict
+        self.seen = f"{prefix}/seen"  # ranks that read a failed verdict (rank 0 waits for them)
 
     def arrived(self, rank: int) -> str:
         return f"{self.prefix}/arrived/{rank}"
-
-    def __getattr__(self, name: str) -> str:  # count, verdict, reporter, seen
-        if name.startswith("_"):
-            raise AttributeError(name)
-        return f"{self.prefix}/{name}"
 
 
 def compress_ranks(ranks: Sequence[int]) -> str:

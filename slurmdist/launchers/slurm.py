@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 from typing import Mapping, Optional, Tuple
 
-from .. import hostlist
 from ..distenv import DistEnv
 from ..envvars import (
     check_index,
@@ -177,6 +176,8 @@ def _tasks_per_node(environ: Mapping[str, str]) -> Tuple[str, list]:
 
 def _first_host(environ: Mapping[str, str], num_nodes: int) -> str:
     """First host of the step's nodelist, after checking the whole list parses (and matches the node count)."""
+    from .. import hostlist  # here, not at the top: torchrun and MPI launches never load the grammar
+
     for name in NODELIST_VARIABLES:
         raw = environ.get(name)
         if raw is None:
