@@ -176,6 +176,32 @@ def resolve_host(host: str, environ: Mapping[str, str], timeout: float = 10.0) -
     )
 
 
+def hostfile_master(environ: Mapping[str, str], timeout: float = 10.0) -> str:
+    """Task 0's node under `srun -m arbitrary`: the first host of SLURM_HOSTFILE (read here, at init time,
+    because detect() reads variables only). The read is bounded: the file may sit on a hung network mount."""
+    path = environ.get(slurm.HOSTFILE_VARIABLE)
+    if not path:
+        raise RendezvousError(
+            f"srun -m arbitrary ({slurm.DISTRIBUTION_VARIABLE}={environ.get(slurm.DISTRIBUTION_VARIABLE)!r}) "
+            f"but {slurm.HOSTFILE_VARIABLE} is not set, so the node of task 0 (the rendezvous master) is unknown; "
+            "set MASTER_ADDR to task 0's node"
+        )
+
+    def head() -> str:
+        with open(path, encoding="utf-8", errors="replace") as file:
+            return file.read(1 << 20)  # task 0 is on the first line that names a host
+
+    try:
+        text = _call_with_timeout(head, timeout, "hostfile")
+    except (OSError, TimeoutError) as exc:
+        raise RendezvousError(
+            f"srun -m arbitrary puts task 0 (the rendezvous master) on the first host of "
+            f"{slurm.HOSTFILE_VARIABLE}={path!r}, which this rank cannot read ({exc}); put the file where every "
+            "node can read it, or set MASTER_ADDR to task 0's node"
+        ) from None
+    return slurm.hostfile_first_host(text, path)
+
+
 def own_address(single_node: bool) -> str:
     """An address of this host that other hosts can reach: the hostname's non-loopback IP, else the source
     address of the default route; loopback only when every rank is on this node."""
@@ -270,6 +296,7 @@ def resolve_master(
     deadline = Deadline(init_timeout(timeout, environ))
     if env.world_size == 1:
         return env.replace(master_addr=env.master_addr or LOOPBACK, master_port=env.master_port or free_port())
+    env = _slurm_master(env, environ, deadline)
     if env.master_addr is None or env.master_port is None:
         require_mpi_launcher(env)
         started_mpi = "mpi4py.MPI" not in sys.modules
@@ -494,6 +521,7 @@ def _first_line(exc: Optional[BaseException]) -> str:
 def connect(env: DistEnv, deadline: Deadline, environ: Mapping[str, str], generation: int = 0) -> Rendezvous:
     """Resolve the master, open the store and check in (without waiting for the others)."""
     agent_store = environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    env = _slurm_master(env, environ, deadline)
     if env.master_addr is None or env.master_port is None:
         store, env = _mpi_store(env, deadline, environ)
     else:
@@ -509,6 +537,13 @@ def connect(env: DistEnv, deadline: Deadline, environ: Mapping[str, str], genera
     meeting = Rendezvous(store, env, Keys(run_prefix(env, environ, generation)), deadline)
     meeting.check_in()
     return meeting
+
+
+def _slurm_master(env: DistEnv, environ: Mapping[str, str], deadline: Deadline) -> DistEnv:
+    """An srun step whose master detect() could not name (-m arbitrary) takes it from the hostfile."""
+    if env.launcher != "slurm" or env.master_addr is not None:
+        return env
+    return env.replace(master_addr=hostfile_master(environ, min(10.0, deadline.remaining())))
 
 
 def _mpi_store(env: DistEnv, deadline: Deadline, environ: Mapping[str, str]) -> Tuple[Any, DistEnv]:

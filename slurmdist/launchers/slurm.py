@@ -35,6 +35,8 @@ WORLD_VARIABLES = ("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS")
 NODES_VARIABLES = ("SLURM_STEP_NUM_NODES", "SLURM_NNODES", "SLURM_JOB_NUM_NODES")
 LAYOUT_VARIABLES = ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE")
 NODELIST_VARIABLES = ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
+DISTRIBUTION_VARIABLE = "SLURM_DISTRIBUTION"
+HOSTFILE_VARIABLE = "SLURM_HOSTFILE"
 
 
 def step_id(environ: Mapping[str, str]) -> Optional[str]:
@@ -88,7 +90,9 @@ def read_step(environ: Mapping[str, str]) -> Optional[DistEnv]:
 
     job = job_id(environ)
     master_addr, master_port = explicit_master(environ)
-    master_addr = master_addr or _first_host(environ, num_nodes)
+    first_host = _first_host(environ, num_nodes)  # read even when unused: it checks the nodelist
+    if master_addr is None and not arbitrary_layout(environ):
+        master_addr = first_host  # block, cyclic and plane layouts all put task 0 on the first node
     if master_port is None:
         master_port = step_port(job or "0", step)
     return DistEnv(
@@ -102,6 +106,37 @@ def read_step(environ: Mapping[str, str]) -> Optional[DistEnv]:
         master_addr=master_addr,
         master_port=master_port,
         job_id=job,
+    )
+
+
+def arbitrary_layout(environ: Mapping[str, str]) -> bool:
+    """True under `srun -m arbitrary`: task i runs on the i-th host of SLURM_HOSTFILE, so task 0 (the
+    master) need not be on the nodelist's first node, and only that file says where it is."""
+    value = environ.get(DISTRIBUTION_VARIABLE, "")
+    return value.split(",")[0].split(":")[0].strip().lower() == "arbitrary"
+
+
+def hostfile_first_host(text: str, source: str) -> str:
+    """Task 0's host from the text of a Slurm hostfile, read as srun reads it: '#' starts a comment ('\\#'
+    is a literal '#'), blank lines are skipped, a line holds comma-separated hosts, 'host*N' repeats one."""
+    for number, line in enumerate(text.splitlines(), start=1):
+        line = line.replace("\\#", "\0").split("#", 1)[0].replace("\0", "#").strip()
+        if not line:
+            continue
+        host = line.split(",", 1)[0].split("*", 1)[0].strip()
+        if not host or not host[0].isalnum():
+            raise LaunchError(
+                f"{HOSTFILE_VARIABLE}={source!r}: line {number} ({line[:80]!r}) does not start with a host name; "
+                "srun -m arbitrary would refuse it too",
+                HOSTFILE_VARIABLE,
+                source,
+            )
+        return host
+    raise LaunchError(
+        f"{HOSTFILE_VARIABLE}={source!r} names no host, so the node of task 0 (the rendezvous master) is "
+        "unknown; fix the file, or set MASTER_ADDR to task 0's node",
+        HOSTFILE_VARIABLE,
+        source,
     )
 
 

@@ -55,6 +55,20 @@ def test_srun_across_two_nodes_whose_names_do_not_resolve(slurm_cluster, tasks_p
     assert {r["host"] for r in found} == {"node1", "node2"}
 
 
+def test_srun_arbitrary_layout_meets_where_task_0_runs(slurm_cluster, tmp_path):
+    # -m arbitrary puts task 0 on node2 although the step's nodelist starts with node1: the master must come
+    # from SLURM_HOSTFILE, or every rank would wait at node1 until the timeout.
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("node2\nnode1\nnode1\nnode2\n")
+    result = slurm_cluster.run(
+        ["srun", "-m", "arbitrary", "-n4", PYTHON, ALLREDUCE],
+        timeout=120, check=False, env={"SLURM_HOSTFILE": str(hostfile), "SLURMDIST_INIT_TIMEOUT": "60"},
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    found = check_allreduce(result.stdout, 4, launcher="slurm")
+    assert [r["host"] for r in sorted(found, key=lambda r: r["rank"])] == ["node2", "node1", "node1", "node2"]
+
+
 def test_slurmdist_run_under_mpirun_exports_a_shared_master():
     # resolve_master() over mpi4py, then torch's own env:// start in the exec'd command.
     env = clean_environ(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")

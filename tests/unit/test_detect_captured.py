@@ -14,6 +14,7 @@ from typing import Dict, List, Tuple
 import pytest
 
 from slurmdist import DistEnv, LaunchError, detect, hostlist
+from slurmdist.rendezvous import hostfile_master
 from tests.conftest import FIXTURES, load_case
 
 ALL_SLURM = sorted(p.name for p in (FIXTURES / "slurm").iterdir() if p.is_dir())
@@ -61,12 +62,26 @@ def test_each_launch_is_one_consistent_job(name):
 @pytest.mark.parametrize("name", [n for n in LAUNCHES if "/" not in n])
 def test_slurm_launches_agree_with_the_tasks_own_node(name):
     for group in launches_of(name).values():
+        task0_node = next(environ.get("SLURMD_NODENAME") for environ, env in group if env.rank == 0)
         for environ, env in group:
             if env.launcher != "slurm":
                 continue
             assert env.rank == int(environ["SLURM_PROCID"]) and env.local_rank == int(environ["SLURM_LOCALID"])
-            step_hosts = hostlist.expand(environ["SLURM_STEP_NODELIST"])
-            assert env.master_addr == step_hosts[0] and len(step_hosts) == env.num_nodes
+            assert len(hostlist.expand(environ["SLURM_STEP_NODELIST"])) == env.num_nodes
+            # The master is the node task 0 runs on; under -m arbitrary the variables cannot say which that
+            # is (init() reads SLURM_HOSTFILE), and a guess would leave every rank waiting at the wrong host.
+            arbitrary = environ.get("SLURM_DISTRIBUTION") == "arbitrary"
+            assert env.master_addr == (None if arbitrary else task0_node)
+
+
+def test_arbitrary_layout_master_comes_from_the_hostfile_srun_used(tmp_path):
+    # The file capture.sh gave srun; Slurm put task 0 on its first host, node2, not the nodelist's node1.
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("# task 0 on the second node\nnode2,node1\nnode2*1\nnode1\n")
+    group = next(iter(launches_of("srun_arbitrary_N2_n4").values()))
+    task0_node = next(environ["SLURMD_NODENAME"] for environ, env in group if env.rank == 0)
+    for environ, env in group:
+        assert hostfile_master({**environ, "SLURM_HOSTFILE": str(hostfile)}) == task0_node == "node2"
 
 
 def test_uneven_srun_layout_from_the_cluster():

@@ -7,13 +7,15 @@ import threading
 
 import pytest
 
+from slurmdist.detection import detect
 from slurmdist.distenv import DistEnv
-from slurmdist.errors import RendezvousError
+from slurmdist.errors import LaunchError, RendezvousError
+from slurmdist.launchers.slurm import hostfile_first_host
 from slurmdist.rendezvous import (
-    Deadline, compress_ranks, connect, hostport, init_timeout, names_this_host, resolve_host, resolve_master,
-    run_prefix,
-    strip_brackets,
+    Deadline, compress_ranks, connect, hostfile_master, hostport, init_timeout, names_this_host, resolve_host,
+    resolve_master, run_prefix, strip_brackets,
 )
+from tests.conftest import load_case
 
 
 def env_of(rank, world, port, addr="127.0.0.1", launcher="torchrun"):
@@ -144,3 +146,41 @@ def test_resolve_master_keeps_what_detect_gave():
 ])
 def test_names_this_host(host, hostname, same):
     assert names_this_host(host, hostname) is same
+
+
+@pytest.mark.parametrize(
+    "text, first",
+    [
+        ("node3\nnode1\n", "node3"),
+        ("# comment line\n\n   \nnode2,node1\n", "node2"),
+        ("gpu07*4,gpu08*4\n", "gpu07"),
+        ("n1 # trailing comment\n", "n1"),
+        ("r\\#1\n", "r#1"),  # srun reads '\#' as a literal '#'
+    ],
+)
+def test_hostfile_first_host_reads_as_srun_does(text, first):
+    assert hostfile_first_host(text, "/jobs/hosts") == first
+
+
+@pytest.mark.parametrize("text, words", [("", ["names no host", "MASTER_ADDR"]), ("# only\n", ["names no host"]),
+                                          (",node1\n", ["line 1", "host name"]), ("\n-x\n", ["line 2"])])
+def test_a_hostfile_without_a_first_host_is_refused_naming_the_file(text, words):
+    with pytest.raises(LaunchError) as caught:
+        hostfile_first_host(text, "/jobs/hosts")
+    assert caught.value.variable == "SLURM_HOSTFILE" and "/jobs/hosts" in str(caught.value)
+    assert all(word in str(caught.value) for word in words)
+
+
+def test_hostfile_master_errors_say_what_to_set(tmp_path):
+    arbitrary = {"SLURM_DISTRIBUTION": "arbitrary"}
+    with pytest.raises(RendezvousError, match="SLURM_HOSTFILE is not set.*MASTER_ADDR"):
+        hostfile_master(arbitrary)
+    missing = tmp_path / "gone"
+    with pytest.raises(RendezvousError, match=f"{missing}.*cannot read.*MASTER_ADDR"):
+        hostfile_master({**arbitrary, "SLURM_HOSTFILE": str(missing)})
+
+
+def test_an_explicit_master_addr_wins_over_the_arbitrary_layout():
+    environ = load_case("slurm/srun_arbitrary_N2_n4")[1]
+    assert detect(environ).master_addr is None
+    assert detect({**environ, "MASTER_ADDR": "10.1.2.3"}).master_addr == "10.1.2.3"
