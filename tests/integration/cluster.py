@@ -12,7 +12,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, Sequence
+from typing import Dict, Optional, Sequence
 
 import pytest
 
@@ -99,14 +99,19 @@ class LocalCluster:
         self.script("stop")
 
 
-def start_cluster(directory: Path, *args: str) -> LocalCluster:
-    """Start a cluster in ``directory`` (extra ``args`` such as ``--nodes 3``), skipping if impossible."""
+def start_cluster(directory: Path, *args: str, owner: Optional[int] = None) -> LocalCluster:
+    """Start a cluster in ``directory`` (extra ``args`` such as ``--nodes 3``), skipping if impossible.
+
+    The cluster stops by itself once process ``owner`` (default: this test session) has exited, so a
+    session killed from outside (a CI timeout, Ctrl-C twice) leaves no daemons behind.
+    """
     for tool in CLUSTER_TOOLS:
         require(tool)
     if os.geteuid() != 0:
         missing_prerequisite("the local Slurm cluster needs root (mknod, unshare --uts)")
     cluster = LocalCluster(dir=directory)
-    proc = cluster.script("start", *args, timeout=START_TIMEOUT)
+    owner = os.getpid() if owner is None else owner
+    proc = cluster.script("start", *args, "--stop-with", str(owner), timeout=START_TIMEOUT)
     cluster.env = parse_exports(proc.stdout)
     assert "SLURM_CONF" in cluster.env, proc.stdout + proc.stderr
     return cluster

@@ -7,7 +7,7 @@ starts extra ones (stopped after the test). Helpers (``require``, ``start_cluste
 
 from __future__ import annotations
 
-from typing import Callable, Iterator, List
+from typing import Callable, Iterator, List, Optional
 
 import pytest
 
@@ -31,8 +31,8 @@ def local_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable
     """Factory for extra clusters, ``local_cluster("--nodes", "3")``; all stopped after the test."""
     started: List[LocalCluster] = []
 
-    def start(*args: str) -> LocalCluster:
-        started.append(start_cluster(tmp_path_factory.mktemp("cluster"), *args))
+    def start(*args: str, owner: Optional[int] = None) -> LocalCluster:
+        started.append(start_cluster(tmp_path_factory.mktemp("cluster"), *args, owner=owner))
         return started[-1]
 
     try:

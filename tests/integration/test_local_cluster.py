@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import time
 
 import pytest
@@ -90,6 +91,38 @@ def test_stop_then_start_again(local_cluster):
     cluster.stop()  # stopping a stopped cluster is fine
     cluster.script("start")
     cluster.run(["srun", "-n1", "true"])
+
+
+def daemon_pids(cluster) -> list:
+    state = dict(line.split("=", 1) for line in state_of(cluster).splitlines())
+    return [int(pid) for key in ("MUNGED_PID", "CTLD_PID", "NODE_PIDS") for pid in state[key].strip("'").split()]
+
+
+def running(pid: int) -> bool:
+    """Alive and not a zombie (an exited daemon whose parent has not reaped it yet still has a /proc entry)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_a_cluster_stops_itself_when_its_owner_dies(local_cluster):
+    # What a test session killed from outside would leave: its fixtures' stop never runs.
+    owner = subprocess.Popen(["sleep", "600"])
+    try:
+        cluster = local_cluster("--nodes", "1", "--gpus", "0", owner=owner.pid)
+        daemons = daemon_pids(cluster)
+        assert len(daemons) == 3 and all(map(running, daemons))
+    finally:
+        owner.kill()
+        owner.wait()
+    deadline = time.monotonic() + 40  # the watchdog polls every 2 s; stopping takes a few seconds
+    while (cluster.dir / "cluster.state").exists() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not (cluster.dir / "cluster.state").exists(), (cluster.dir / "log" / "watchdog.log").read_text()
+    assert not [pid for pid in daemons if running(pid)]
+    assert "stopped" in (cluster.dir / "log" / "watchdog.log").read_text()
 
 
 REQUEUE_ONCE = """#!/bin/sh
