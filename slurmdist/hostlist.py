@@ -56,6 +56,8 @@ _GRAMMAR = {
     "brackets": r"[\[\]]",
     "body": r"[0-9]+(?:-[0-9]+)?(?:,[0-9]+(?:-[0-9]+)?)*",
     "range": r"([0-9]+)(?:-([0-9]+))?",
+    "trailing digits": r"[0-9]*\Z",
+    "ambiguous": r"[,\[\]\s]",
 }
 
 
@@ -65,10 +67,6 @@ def _re(name: str) -> "re.Pattern[str]":
     rank would pay inside init() although a job's own nodelist takes the regex-free path (_lone_item)."""
     return re.compile(_GRAMMAR[name])
 
-
-# Used per host by compress(); cheap to compile.
-_TRAILING_DIGITS_RE = re.compile(r"[0-9]*\Z")
-_AMBIGUOUS_RE = re.compile(r"[,\[\]\s]")
 
 _QUOTE_MAX = 160
 
@@ -578,19 +576,19 @@ def first(text: str) -> str:
 # ---------------------------------------------------------------------------------------------- compress
 
 
-def _split_name(name: str) -> Tuple[str, str]:
+def _split_name(name: str, trailing_digits: "re.Pattern[str]") -> Tuple[str, str]:
     """(prefix, trailing digits) of a host name; digits are empty when Slurm could not range them."""
-    digits = _TRAILING_DIGITS_RE.search(name).group()  # type: ignore[union-attr]
+    digits = trailing_digits.search(name).group()  # type: ignore[union-attr]
     if not digits or _number(digits) is None:
         return name, ""
     return name[: len(name) - len(digits)], digits
 
 
-def _check_host(host: str) -> None:
+def _check_host(host: str, ambiguous: "re.Pattern[str]") -> None:
     """Refuse names that ``expand`` would not give back as one host."""
     if not isinstance(host, str):
         raise HostlistError(f"host name {host!r} is not a string")
-    if not host or len(host) > MAX_NAME_LENGTH or _AMBIGUOUS_RE.search(host):
+    if not host or len(host) > MAX_NAME_LENGTH or ambiguous.search(host):
         raise HostlistError(
             f"cannot put host name {_quote(host)} in a Slurm hostlist: names must be 1-{MAX_NAME_LENGTH} "
             "characters without commas, brackets or whitespace"
@@ -625,9 +623,10 @@ def compress(hosts: Iterable[str]) -> str:
     items: List[str] = []
     prefix: Optional[str] = None
     numbers: List[str] = []
+    trailing_digits, ambiguous = _re("trailing digits"), _re("ambiguous")  # once, not per host
     for host in hosts:
-        _check_host(host)
-        head, digits = _split_name(host)
+        _check_host(host, ambiguous)
+        head, digits = _split_name(host, trailing_digits)
         if digits and head == prefix:
             numbers.append(digits)
             continue
