@@ -25,10 +25,12 @@ import torch.distributed as dist  # noqa: E402
 # a phase whose function is gone is simply not reported).
 PHASES = {}
 PHASE_NAMES = (
+    ("detection", "detect", "launch detection (detect())"),
     ("process_group", "_choose_device", "backend and device choice"),
     ("rendezvous", "resolve_host", "master name resolution (DNS, else scontrol show node)"),
     ("rendezvous", "mpi_comm", "mpi4py import and MPI_Init"),
     ("rendezvous", "open_store", "store: host it / wait for it and join"),
+    ("rendezvous.Rendezvous", "check_in", "check in at the store (arrival key and counter)"),
     ("process_group", "_init_group", "init_process_group on the store (gloo mesh)"),
 )
 
@@ -51,11 +53,14 @@ def _wrap(module, name, label):
 def start_slurmdist():
     start = time.perf_counter()
     import slurmdist
-    from slurmdist import process_group, rendezvous
+    from slurmdist import detection, process_group, rendezvous
 
     PHASES["importing slurmdist's modules"] = time.perf_counter() - start
-    for module_name, name, label in PHASE_NAMES:
-        _wrap({"process_group": process_group, "rendezvous": rendezvous}[module_name], name, label)
+    modules = {"detection": detection, "process_group": process_group, "rendezvous": rendezvous}
+    for dotted, name, label in PHASE_NAMES:
+        module_name, _, attribute = dotted.partition(".")
+        owner = modules[module_name]
+        _wrap(getattr(owner, attribute) if attribute else owner, name, label)
     env = slurmdist.init()
     return env.rank, env.world_size, torch.device(env.device or "cpu"), slurmdist.shutdown
 

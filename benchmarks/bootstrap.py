@@ -72,8 +72,8 @@ def records_of(directory: str, ranks: int) -> List[dict]:
     return found
 
 
-def srun_launch(ranks: int, extra: Dict[str, str]) -> Tuple[float, List[dict]]:
-    argv = ["srun", f"-N{cluster.NODES}", f"-n{ranks}", "--kill-on-bad-exit=1", "--time=10",
+def srun_launch(ranks: int, extra: Dict[str, str], nodes: int = cluster.NODES) -> Tuple[float, List[dict]]:
+    argv = ["srun", f"-N{nodes}", f"-n{ranks}", "--kill-on-bad-exit=1", "--time=10",
             sys.executable, str(WORKER), "slurmdist"]
     wall, _ = run_process(argv, env={**cluster.environ(), **extra}, timeout=run_timeout(ranks))
     return wall, records_of(extra["BENCH_RESULT_DIR"], ranks)
@@ -143,9 +143,12 @@ def mpirun_launch(ranks: int, extra: Dict[str, str]) -> Tuple[float, List[dict]]
 
 
 OURS_RESOLVED = "slurmdist + srun, MASTER_ADDR given"
+OURS_ONE_NODE = "slurmdist + srun, one node"
 LAUNCHES: Dict[str, Launch] = {
     OURS: srun_launch,
     OURS_RESOLVED: srun_master_launch,
+    # Every rank on node1: the shape torchrun --standalone has (no rank resolves another node's name).
+    OURS_ONE_NODE: lambda ranks, extra: srun_launch(ranks, extra, nodes=1),
     TORCHRUN: torchrun_launch,
     "plain env:// (N processes)": env_launch,
     "slurmdist + mpirun": mpirun_launch,
@@ -280,7 +283,7 @@ def run(ctx: Context) -> Section:
 
 def phase_table(section: Section, ranks: int) -> None:
     """Where slurmdist's per-rank time goes (medians over ranks and runs), to say which phase to fix."""
-    columns = [name for name in (OURS, OURS_RESOLVED, "slurmdist + mpirun") if RESULTS.get((name, ranks)) and RESULTS[(name, ranks)].phases]
+    columns = [name for name in (OURS, OURS_RESOLVED, OURS_ONE_NODE, "slurmdist + mpirun") if RESULTS.get((name, ranks)) and RESULTS[(name, ranks)].phases]
     if not columns:
         return
     labels: List[str] = []
