@@ -242,6 +242,9 @@ EXPLANATION = [
     "- **job wall time**: the launch command from start to exit, including interpreter start-up, importing "
     "torch (the bulk of it here), the launcher's own work and teardown. For srun it includes Slurm allocating "
     "the job (see `srun true` below).",
+    "- **one node**: `srun -N1`, every rank on the master's node, the shape `torchrun --standalone` has. The "
+    "two-node rows also pay, on this cluster, for node names that are not in DNS: each rank on node2 fails a "
+    "lookup of node1 and asks `scontrol show node` (MASTER_ADDR given skips both).",
     "- mpirun is Open MPI from PyPI; slurmdist reads its variables and takes rank 0's address over mpi4py only "
     "when the launch spans several nodes.",
 ]
