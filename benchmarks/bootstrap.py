@@ -245,6 +245,12 @@ EXPLANATION = [
     "- **one node**: `srun -N1`, every rank on the master's node, the shape `torchrun --standalone` has. The "
     "two-node rows also pay, on this cluster, for node names that are not in DNS: each rank on node2 fails a "
     "lookup of node1 and asks `scontrol show node` (MASTER_ADDR given skips both).",
+    "- **why the per-rank time is above torchrun's**: torchrun's agent did the rendezvous and started the store "
+    "before its workers existed, so a worker's `init_process_group()` only joins a listening store and builds "
+    "the gloo mesh. slurmdist does that work inside `init()`, in every rank: it loads its own modules (the "
+    "largest phase below), reads the launch, rank 0 starts the store and every rank checks in. Here 4-8 ranks "
+    "share 2 cores, so each millisecond of CPU one rank spends costs every rank 2-4 ms. What slurmdist "
+    "shortens is the launch as a whole (job wall time): no agent process and no separate rendezvous round.",
     "- mpirun is Open MPI from PyPI; slurmdist reads its variables and takes rank 0's address over mpi4py only "
     "when the launch spans several nodes.",
 ]
@@ -307,16 +313,18 @@ def phase_table(section: Section, ranks: int) -> None:
 
 
 def _goal(section: Section, ranks: int, results: Dict[str, Result]) -> None:
+    """Two claims per size: the job's wall time, and the per-rank init -> first all_reduce."""
     ours = results.get(OURS)
     peer = next((result for name, result in results.items() if name.startswith("torchrun")), None)
-    claim = f"{OURS} at or below torchrun at {ranks} ranks (per-rank median and wall median)"
-    if not ours or not peer or ours.failure or peer.failure or not ours.wall or not peer.wall:
-        section.goals.append(Goal(claim, "could not measure both", None))
-        return
-    rank_ratio = Stats(tuple(peer.per_rank)).median / Stats(tuple(ours.per_rank)).median
-    wall_ratio = Stats(tuple(peer.wall)).median / Stats(tuple(ours.wall)).median
-    section.goals.append(Goal(claim, f"torchrun / slurmdist: per rank {rank_ratio:.2f}x, wall {wall_ratio:.2f}x",
-                              rank_ratio >= 1.0 and wall_ratio >= 1.0))
+    measured = ours and peer and not ours.failure and not peer.failure and ours.wall and peer.wall
+    for what, values in (("job wall time", lambda r: r.wall), ("per-rank init -> first all_reduce",
+                                                              lambda r: r.per_rank)):
+        claim = f"{OURS} at or below torchrun at {ranks} ranks: {what} (median)"
+        if not measured:
+            section.goals.append(Goal(claim, "could not measure both", None))
+            continue
+        ratio_ = Stats(tuple(values(peer))).median / Stats(tuple(values(ours))).median
+        section.goals.append(Goal(claim, f"torchrun / slurmdist: {ratio_:.2f}x", ratio_ >= 1.0))
 
 
 def _plot(ctx: Context, section: Section, sizes: List[int]) -> None:
