@@ -184,3 +184,12 @@ def test_an_explicit_master_addr_wins_over_the_arbitrary_layout():
     environ = load_case("slurm/srun_arbitrary_N2_n4")[1]
     assert detect(environ).master_addr is None
     assert detect({**environ, "MASTER_ADDR": "10.1.2.3"}).master_addr == "10.1.2.3"
+
+
+def test_slurmdist_run_takes_an_arbitrary_layouts_master_from_the_hostfile(tmp_path):
+    # resolve_master() is what `slurmdist run` calls before exporting MASTER_ADDR to the command.
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("localhost\nnode1\n")
+    environ = {**load_case("slurm/srun_arbitrary_N2_n4")[1], "SLURM_HOSTFILE": str(hostfile)}
+    env = resolve_master(detect(environ), environ=environ, timeout=10)
+    assert (env.master_addr, env.master_port) == ("localhost", detect(environ).master_port)
