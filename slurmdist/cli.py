@@ -88,7 +88,18 @@ def format_env(env: DistEnv, style: str) -> str:
         return "\n".join(f"export {name}={shlex.quote(value)}" for name, value in torchrun_variables(env).items())
     fields = env.as_dict()
     width = max(len(name) for name in fields)
-    return "\n".join(f"{name:<{width}}  {'-' if value is None else value}" for name, value in fields.items())
+    return "\n".join(f"{name:<{width}}  {_shown(name, value, env)}" for name, value in fields.items())
+
+
+def _shown(name: str, value: object, env: DistEnv) -> str:
+    """A field's text; an unknown master says where init() will learn it, so '-' does not look like a bug."""
+    if value is not None:
+        return str(value)
+    if name in ("master_addr", "master_port") and env.world_size > 1:
+        if env.launcher == "slurm":
+            return "- (srun -m arbitrary: init() reads it from SLURM_HOSTFILE)"
+        return "- (init() agrees on it over MPI)"
+    return "-"
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -98,3 +98,9 @@ def test_import_slurmdist_imports_no_heavy_modules():
             "heavy = [m for m in ('torch', 'mpi4py', 'submitit', 'numpy') if m in sys.modules]; print(heavy)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
     assert result.stdout.strip() == "[]", result.stderr
+
+
+def test_env_text_says_where_an_unknown_master_comes_from():
+    task = load_case("slurm/srun_arbitrary_N2_n4")[1]
+    text = slurmdist("env", environ=clean_environ(**task)).stdout
+    assert "master_addr       - (srun -m arbitrary: init() reads it from SLURM_HOSTFILE)" in text
