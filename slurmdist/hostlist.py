@@ -467,16 +467,8 @@ def _range_digits(piece: str) -> Optional[Tuple[str, str]]:
     return None
 
 
-def _ordinary_range(piece: str) -> Optional[Tuple[str, int, int]]:
-    """(low as written, low, high) of a range with short numbers in order; None for anything else, which
-    the grammar then checks (and explains)."""
-    digits = _range_digits(piece)
-    bounds = None if digits is None else _fast_bounds(*digits)
-    return None if bounds is None else (piece.partition("-")[0], bounds[0], bounds[1])
-
-
-def _lone_item(text: str) -> Optional[Tuple[str, Optional[List[str]], str]]:
-    """(prefix, ranges or None, suffix) when the whole list is one ordinary item -- ``name`` or
+def _lone_item(text: str) -> Optional[Tuple[str, Optional[List[Tuple[str, str]]], str]]:
+    """(prefix, the ranges' digits or None, suffix) when the whole list is one ordinary item -- ``name`` or
     ``prefix[ranges]suffix`` with no separator outside the brackets, as Slurm writes a one-group nodelist --
     else None. Read with string methods only, so a job's own nodelist never compiles the grammar."""
     if " " in text or "\t" in text or "\n" in text:
@@ -489,8 +481,8 @@ def _lone_item(text: str) -> Optional[Tuple[str, Optional[List[str]], str]]:
         return None
     if len(prefix) + len(after) > _SAFE_AFFIX:
         return None
-    ranges = body.split(",")
-    return (prefix, ranges, after) if all(map(_range_digits, ranges)) else None
+    ranges = [_range_digits(piece) for piece in body.split(",")]
+    return (prefix, ranges, after) if all(ranges) else None  # type: ignore[return-value]
 
 
 def count(text: str) -> int:
@@ -504,9 +496,10 @@ def count(text: str) -> int:
         if ranges is None:
             _check_plain(text, 0, prefix)
             return 1
-        bounds = [_ordinary_range(piece) for piece in ranges]
+        # Short numbers in order count here; anything else goes to the grammar, which explains it.
+        bounds = [_fast_bounds(*digits) for digits in ranges]
         if all(bounds):
-            return sum(high - low + 1 for _, low, high in bounds)  # type: ignore[misc]
+            return sum(high - low + 1 for low, high in bounds)  # type: ignore[misc]
     if "[" not in text and "]" not in text:
         total = 0
         for match in _re("items").finditer(text):
@@ -541,9 +534,9 @@ def first(text: str) -> str:
         if ranges is None:
             _check_plain(text, 0, prefix)
             return prefix
-        head = _ordinary_range(ranges[0])
-        if head is not None:
-            return prefix + head[0] + after
+        low_digits, high_digits = ranges[0]
+        if _fast_bounds(low_digits, high_digits) is not None:
+            return prefix + low_digits + after  # a bound is printed as written
     match = _re("first").match(text)
     if match is None:
         if not text.strip(", \t\n"):
