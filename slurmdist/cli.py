@@ -49,10 +49,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="run a command with torchrun's variables set (RANK, LOCAL_RANK, WORLD_SIZE, ...)",
         description="Exec CMD with RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT "
         "set from the detected launcher, so a torchrun-style script runs unchanged under srun or mpirun: "
-        "`srun slurmdist run -- python train.py`.",
+        "`srun slurmdist run -- python train.py`. On rank 0 a small process serves the rendezvous store "
+        "from the start, as torchrun's agent does (TORCHELASTIC_USE_AGENT_STORE=True tells the command).",
     )
     run.add_argument("--timeout", type=float, default=None,
-                     help="seconds to wait when the master address must be agreed over MPI")
+                     help="seconds to wait for the master address (name lookup, or agreement over MPI)")
+    run.add_argument("--no-store", dest="store", action="store_false",
+                     help="do not host the rendezvous store on rank 0 (by default a small process serves it, as "
+                     "torchrun's agent does, so that no rank waits in torch's connect back-off)")
     run.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD [ARGS...]")
     run.set_defaults(handler=_run)
 
@@ -103,21 +107,25 @@ def _shown(name: str, value: object, env: DistEnv) -> str:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from . import store_host
     from .detection import detect
     from .exporting import torchrun_variables
+    from .rendezvous import resolve_master
 
     command = list(args.command)
     if command and command[0] == "--":
         command = command[1:]
     if not command:
         raise SlurmdistError("slurmdist run needs a command: `slurmdist run -- python train.py ARGS...`")
-    env = detect()
-    if env.master_addr is None or env.master_port is None:
-        from .rendezvous import resolve_master
-
-        env = resolve_master(env, timeout=args.timeout)
+    # Always resolved, not only when detect() left it open: the command's own env:// start (torch's TCPStore)
+    # cannot fall back to Slurm's NodeAddr when node names are not in DNS, and would retry until its timeout.
+    env = resolve_master(detect(), timeout=args.timeout)
     child_env: Dict[str, str] = dict(os.environ)
     child_env.update(torchrun_variables(env))
+    if args.store and store_host.wanted(env, os.environ):
+        if env.rank == 0:
+            store_host.start(store_host.listen(env.master_port), env.world_size)
+        child_env[store_host.AGENT_STORE_VARIABLE] = "True"
     try:
         # exec, not a child process: Slurm's signals (preemption, time limit) reach the command directly.
         os.execvpe(command[0], command, child_env)

@@ -350,11 +350,7 @@ def open_store(
             )
         except RuntimeError as exc:
             if "EADDRINUSE" in str(exc) or "address already in use" in str(exc).lower():
-                raise RendezvousError(
-                    f"rank 0 cannot listen on the rendezvous port {port} ({where}): another process holds it "
-                    "(a second job step on this node, or a leftover run). Set MASTER_PORT to a free port, "
-                    "or stop the other process"
-                ) from None
+                raise port_in_use(port, where) from None
             raise RendezvousError(f"rank 0 cannot host the rendezvous store at {where}: {exc}") from None
     wait_listening(host, port, deadline, world_size)
     try:
@@ -375,6 +371,13 @@ def open_store(
             f"rank {rank} reached {where} but could not join the rendezvous store there: {exc}. "
             "Is MASTER_PORT used by something else than this job's rank 0?"
         ) from None
+
+
+def port_in_use(port: int, where: str, who: str = "rank 0") -> RendezvousError:
+    return RendezvousError(
+        f"{who} cannot listen on the rendezvous port {port} ({where}): another process holds it (a second job "
+        "step on this node, or a leftover run). Set MASTER_PORT to a free port, or stop the other process"
+    )
 
 
 class Keys:
@@ -505,7 +508,7 @@ class Rendezvous:
                 f"rank {self.env.rank} lost the rendezvous store at {self.where} (world size "
                 f"{self.env.world_size}): {_first_line(exc)}"
                 f"{'; earlier: ' + _first_line(cause) if cause is not None else ''}. The process hosting it "
-                "(rank 0, or torchrun's agent) probably exited: see its log"
+                "(rank 0, torchrun's agent, or slurmdist run's store host) probably exited: see its log"
             ) from None
 
 

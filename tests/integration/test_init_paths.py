@@ -69,6 +69,18 @@ def test_srun_arbitrary_layout_meets_where_task_0_runs(slurm_cluster, tmp_path):
     assert [r["host"] for r in sorted(found, key=lambda r: r["rank"])] == ["node2", "node1", "node1", "node2"]
 
 
+@pytest.mark.parametrize("mode", ["plain", "slurmdist"])
+def test_slurmdist_run_under_srun_exports_a_master_every_node_reaches(slurm_cluster, mode):
+    # node1 is not in DNS: torch's own env:// start cannot fall back to Slurm's NodeAddr, so `slurmdist run`
+    # must export an address that resolves; rank 0's `slurmdist run` serves the store both modes join.
+    command = [PYTHON, "-m", "slurmdist", "run", "--", PYTHON, ALLREDUCE, mode]
+    result = slurm_cluster.run(["srun", "-N2", "-n4", *command], timeout=120, check=False,
+                               env={"SLURMDIST_INIT_TIMEOUT": "60"})
+    assert result.returncode == 0, result.stdout + result.stderr
+    found = check_allreduce(result.stdout, 4, launcher="plain" if mode == "plain" else "torchrun")
+    assert {r["host"] for r in found} == {"node1", "node2"}
+
+
 def test_slurmdist_run_under_mpirun_exports_a_shared_master():
     # resolve_master() over mpi4py, then torch's own env:// start in the exec'd command.
     env = clean_environ(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")

@@ -68,19 +68,22 @@ def test_nonsense_arguments_exit_2_with_usage_not_a_traceback(args):
 
 
 def test_run_execs_the_command_with_torchruns_variables():
-    task = load_case("slurm/srun_N2_tpn2")[3]
+    # MASTER_ADDR given: node1 of the captured job is not this machine (the integration tests run `slurmdist
+    # run` on the local cluster, where the name is looked up and replaced by Slurm's NodeAddr).
+    task = {**load_case("slurm/srun_N2_tpn2")[3], "MASTER_ADDR": "localhost"}
     probe = "import os, json; print(json.dumps({k: os.environ[k] for k in ('RANK', 'LOCAL_RANK', 'WORLD_SIZE', " \
-            "'LOCAL_WORLD_SIZE', 'MASTER_ADDR', 'MASTER_PORT')}))"
+            "'LOCAL_WORLD_SIZE', 'MASTER_ADDR', 'MASTER_PORT', 'TORCHELASTIC_USE_AGENT_STORE')}))"
     result = slurmdist("run", "--", sys.executable, "-c", probe, environ=clean_environ(**task))
     assert result.returncode == 0, result.stderr
     seen = json.loads(result.stdout)
     env = detect(task)
     assert seen == {"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2",
-                    "MASTER_ADDR": "node1", "MASTER_PORT": str(env.master_port)}
+                    "MASTER_ADDR": "localhost", "MASTER_PORT": str(env.master_port),
+                    "TORCHELASTIC_USE_AGENT_STORE": "True"}  # rank 0's `slurmdist run` serves the store
 
 
 def test_run_reports_a_missing_command():
-    task = load_case("slurm/srun_N2_tpn2")[0]
+    task = {**load_case("slurm/srun_N2_tpn2")[0], "MASTER_ADDR": "localhost"}
     result = slurmdist("run", "--", "no-such-command-xyz", environ=clean_environ(**task))
     assert result.returncode == 127 and "no-such-command-xyz" in result.stderr
 

@@ -1,0 +1,100 @@
+"""The rendezvous store `slurmdist run` hosts for the command it starts, as torchrun's agent does.
+
+A torchrun-style script (`init_process_group()` over env://) makes rank 0 start the store inside its own
+init, after importing torch: ranks that get there first find nothing listening and sit in torch's connect
+back-off (0.5 s and more per rank on the local cluster). So `slurmdist run` on rank 0 listens on the master
+port before it execs the command, and hands the socket to a small process that serves the store on it. Every
+rank's command joins as a client, told so by torch's own switch for an agent's store
+(`TORCHELASTIC_USE_AGENT_STORE=True`, which `slurmdist.init()` honours too). A connection made before the
+store is up waits in the socket's backlog instead of being refused.
+
+The store host lives exactly as long as the command: it is the command's child (the exec keeps the pid),
+leaves every signal to the command (a preemption signal must not take the store away mid-checkpoint) and
+exits once the command has exited.
+"""
+
+from __future__ import annotations
+
+import errno
+import importlib.util
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from datetime import timedelta
+from typing import Mapping, Optional, Sequence
+
+from .distenv import LOOPBACK, DistEnv
+from .rendezvous import port_in_use
+
+AGENT_STORE_VARIABLE = "TORCHELASTIC_USE_AGENT_STORE"
+PARENT_POLL = 0.2  # seconds between checks that the command is still running
+LEFT_TO_THE_COMMAND = ("SIGINT", "SIGTERM", "SIGHUP", "SIGUSR1", "SIGUSR2")
+
+
+def wanted(env: DistEnv, environ: Mapping[str, str]) -> bool:
+    """Host a store for this launch? Not for one process, not where an agent already serves one (run under
+    torchrun), and not when this interpreter has no torch to serve it with. Every rank decides alike."""
+    return (
+        env.world_size > 1
+        and environ.get(AGENT_STORE_VARIABLE) != "True"
+        and importlib.util.find_spec("torch") is not None
+    )
+
+
+def listen(port: int) -> socket.socket:
+    """A socket listening on `port` on every interface (IPv6 and IPv4 where the host has both), as torch's
+    own store server would; a `RendezvousError` naming the port when another process holds it."""
+    try:
+        if socket.has_dualstack_ipv6():
+            return socket.create_server(("", port), family=socket.AF_INET6, dualstack_ipv6=True,
+                                        backlog=socket.SOMAXCONN)
+        return socket.create_server(("", port), backlog=socket.SOMAXCONN)
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            raise port_in_use(port, f"*:{port}", "slurmdist run on rank 0") from None
+        raise
+
+
+def start(listener: socket.socket, world_size: int) -> int:
+    """Start the store host on `listener` and close this process's copy (the command must not hold the
+    port: if the host dies, clients should see a refused connection, not a silent listener). Its pid."""
+    port = listener.getsockname()[1]
+    child = subprocess.Popen(
+        [sys.executable, "-m", "slurmdist.store_host", str(listener.fileno()), str(port), str(world_size),
+         str(os.getpid())],
+        pass_fds=(listener.fileno(),),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+    )
+    listener.close()
+    return child.pid
+
+
+def serve(fd: int, port: int, world_size: int, parent: int, poll: float = PARENT_POLL) -> int:
+    """In the store host: serve a TCPStore on the inherited listening socket until `parent` exits."""
+    for name in LEFT_TO_THE_COMMAND:
+        signal.signal(getattr(signal, name), signal.SIG_IGN)
+    import torch.distributed as dist
+
+    store = dist.TCPStore(LOOPBACK, port, world_size, True, timedelta(seconds=60), wait_for_workers=False,
+                          master_listen_fd=fd)
+    while os.getppid() == parent:
+        time.sleep(poll)
+    del store
+    return 0
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    fd, port, world_size, parent = (int(arg) for arg in (sys.argv[1:] if argv is None else argv))
+    try:
+        return serve(fd, port, world_size, parent)
+    except Exception as exc:  # the command's ranks then fail at their own timeout; say why here first
+        print(f"slurmdist run: the rendezvous store on port {port} could not be served: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
