@@ -1,8 +1,9 @@
 """One rank of a bootstrap run: form the process group, one all_reduce, one JSON record in BENCH_RESULT_DIR.
 
 `python boot_worker.py slurmdist` calls `slurmdist.init()`; `python boot_worker.py torch` calls
-`torch.distributed.init_process_group()` with env:// as a torchrun user does. A standalone script (no
-imports from the benchmarks package) so that srun, torchrun and mpirun can start it from any directory.
+`torch.distributed.init_process_group()` with env:// as a torchrun user does; `by-hand` is the least a start
+without an agent can do (see start_by_hand). A standalone script (no imports from the benchmarks package)
+so that srun, torchrun and mpirun can start it from any directory.
 Importing torch is left out of the timed part: every launcher pays it alike. With BENCH_SYNC_DIR and
 BENCH_RANKS set, every rank waits after its imports until all have imported (a file each in that
 directory), so the timed part starts together on every rank instead of whenever torch finished importing
@@ -74,6 +75,36 @@ def start_torch():
     return dist.get_rank(), dist.get_world_size(), device, dist.destroy_process_group
 
 
+def start_by_hand():
+    """The least a start without an agent can do, written out with no library: rank 0 serves the store, the
+    others poll its port every millisecond and join, then `init_process_group()` on it. slurmdist.init() has
+    this shape; the difference between the two is slurmdist's own cost."""
+    from datetime import timedelta
+
+    rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")))
+    world = int(os.environ.get("WORLD_SIZE", os.environ.get("SLURM_NTASKS", "1")))
+    addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    timeout = timedelta(seconds=60)
+    if rank == 0:
+        store = dist.TCPStore(addr, port, world, True, timeout, wait_for_workers=False)
+    else:
+        deadline = time.monotonic() + timeout.total_seconds()
+        while True:
+            try:
+                socket.create_connection((addr, port), timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.001)
+        store = dist.TCPStore(addr, port, world, False, timeout)
+    dist.init_process_group("gloo", store=dist.PrefixStore("by-hand", store), rank=rank, world_size=world)
+    return rank, world, torch.device("cpu"), dist.destroy_process_group
+
+
+STARTS = {"slurmdist": start_slurmdist, "torch": start_torch, "by-hand": start_by_hand}
+
+
 def wait_for_everyone(timeout: float = 600.0) -> None:
     directory = os.environ.get("BENCH_SYNC_DIR")
     if not directory:
@@ -92,7 +123,7 @@ def main() -> int:
     mode = sys.argv[1]
     wait_for_everyone()
     imported = time.time()
-    rank, world, device, stop = start_slurmdist() if mode == "slurmdist" else start_torch()
+    rank, world, device, stop = STARTS[mode]()
     ready = time.time()
     tensor = torch.ones(1, device=device)
     dist.all_reduce(tensor)

@@ -33,6 +33,16 @@ def run(ctx: Context) -> Section:
     return section
 
 
+DNS_NOTE = (
+    "A per-rank time of about 5 s (or a multiple of it) is a DNS query left unanswered, not start-up work: 5 s "
+    "is the resolver's timeout, this sandbox's DNS server leaves about 3 queries in 100 unanswered, and every "
+    "rank makes several (torch's store client looks the store's address up in reverse, gloo looks up the "
+    "node's own name, and on this cluster the ranks on node2 look up node1, which is not in DNS). The more "
+    "ranks, the likelier one of them stalls, and the gloo mesh makes every rank wait for it. See "
+    "[troubleshooting](init.md#troubleshooting)."
+)
+
+
 def _processes(ctx: Context, section: Section) -> None:
     sizes = [2, 4] if ctx.quick else [2, 4, 8, 16, 32]
     runs = ctx.runs(2, 1)
@@ -60,6 +70,7 @@ def _processes(ctx: Context, section: Section) -> None:
                 ys.append(value)
     section.add(*table(["ranks", "launch", "per rank: init -> all_reduce done (median)", "job wall (median)", "runs"],
                        sorted(rows, key=lambda r: (int(r[0]), r[1]))), "")
+    section.add(DNS_NOTE, "")
     bootstrap.phase_table(section, sizes[-1])
     image(section, plots.lines(ctx.img_dir / "scaling-processes.png", series,
                                title="Bootstrap vs world size (processes on 2 cores)", xlabel="ranks",
@@ -90,8 +101,10 @@ def _simulated(ctx: Context, section: Section) -> None:
                         "one rank names the missing 1/8", "message names them"], rows), "")
     section.add(f"Times are for all simulated ranks (the slower of the two processes per phase), which share "
                 f"{CONNECTIONS} store connections per process: opening one TCPStore client per simulated rank "
-                "stalled 5 s about once in 30 connections on this machine (torch's client, not slurmdist; "
-                "raw TCP connects do not), which would have made the run minutes long. "
+                "stalled 5 s about once in 30 connections on this machine, which would have made the run "
+                "minutes long: torch's client looks the store's address up in reverse on every connect, and "
+                "this sandbox's DNS server leaves about 3 queries in 100 unanswered (5 s is the resolver's "
+                "timeout; raw TCP connects do not stall). "
                 "The baseline is the least any store-based start does (one counter increment and one wait per "
                 "rank). `Rendezvous.fail()` is the path a timeout takes: one rank checks every rank's arrival "
                 "key once.", "")

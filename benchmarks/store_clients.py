@@ -3,7 +3,8 @@
 `python store_clients.py HOST PORT PREFIX WORLD FIRST LAST WORKERS CONNECTIONS` simulates ranks FIRST..LAST-1
 against a store served elsewhere, over CONNECTIONS TCPStore clients shared round-robin (every rank's
 operations still reach the server one by one; only the number of sockets is smaller, because opening a
-client here stalls for 5 s about once in 30). Phase by phase with the other worker processes (a barrier on
+client here stalls for 5 s about once in 30: torch's client makes a reverse DNS lookup of the store's address,
+and this machine's DNS server leaves some queries unanswered). Phase by phase with the other worker processes (a barrier on
 the store between phases), it runs for each of its ranks:
 
 - baseline: what any store-based start needs, one `add` to a counter and one `wait` for a "go" key;
