@@ -1,0 +1,24 @@
+"""When `slurmdist run` hosts the rendezvous store: a pure decision over the detected launch and environment."""
+
+from __future__ import annotations
+
+import pytest
+
+from slurmdist import detect
+from slurmdist.store_host import AGENT_STORE_VARIABLE, wanted
+from tests.conftest import load_case
+
+
+@pytest.mark.parametrize("case, index, extra, expected", [
+    ("slurm/srun_N2_tpn2", 0, {}, True),  # rank 0 hosts, the other ranks are told to join
+    ("slurm/srun_N2_tpn2", 3, {}, True),
+    ("slurm/srun_N2_tpn2", 0, {AGENT_STORE_VARIABLE: "True"}, False),  # an agent (torchrun's) serves one
+    ("slurm/srun_N2_tpn2", 0, {AGENT_STORE_VARIABLE: "False"}, True),
+])
+def test_every_rank_of_a_launch_decides_alike(case, index, extra, expected):
+    environ = {**load_case(case)[index], **extra}
+    assert wanted(detect(environ), environ) is expected
+
+
+def test_one_process_needs_no_store():
+    assert wanted(detect({}), {}) is False
