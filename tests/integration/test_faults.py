@@ -150,6 +150,30 @@ def test_master_port_taken_on_the_master_node(slurm_cluster, tmp_path, reliabili
     assert proc.returncode != 0 and detect < INIT_TIMEOUT + MARGIN
 
 
+def test_master_port_taken_under_slurmdist_run(slurm_cluster, tmp_path, reliability_record):
+    # Rank 0's `slurmdist run` cannot serve the store: it stops before the command; the other ranks' init()
+    # meets a listener that never answers as a store and gives up at its timeout.
+    out = tmp_path / "out"
+    started = time.time()
+    command = [PYTHON, "-m", "slurmdist", "run", "--", PYTHON, FAULT_WORKER, out]
+    proc = slurm_cluster.run(["salloc", "-N2", "--ntasks-per-node=2", PYTHON, "-c", SQUAT_THEN_SRUN, *command],
+                             timeout=RUN_TIMEOUT, check=False, env=timeouts())
+    found = reports(out, 4)
+    ends = [r["end"] for r in found.values() if "end" in r]
+    detect = max(ends) - started if len(ends) == 3 else None
+    said = proc.stdout + proc.stderr
+    refused = re.search(r"slurmdist run on rank 0 cannot listen on the rendezvous port \d+", said)
+    reliability_record("the master port is taken, under `srun slurmdist run`",
+                       "salloc -N2 -n4; a socket listens on the step's derived port; srun slurmdist run",
+                       "port squatted", detect,
+                       f"rank 0 exits 2 before the command: \"{refused.group(0) if refused else 'no message'}\"; "
+                       + summarize(found, [1, 2, 3]))
+    assert refused, said
+    assert sorted(found) == [1, 2, 3], said
+    assert all(r["outcome"] == "error" for r in found.values())
+    assert proc.returncode != 0 and detect < INIT_TIMEOUT + MARGIN
+
+
 def test_master_name_that_does_not_resolve(slurm_cluster, tmp_path, reliability_record):
     out = tmp_path / "out"
     started, proc = srun_faulty(slurm_cluster, out, env=timeouts(MASTER_ADDR="no-such-node.invalid"))
