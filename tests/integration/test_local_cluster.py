@@ -125,10 +125,14 @@ def test_a_cluster_stops_itself_when_its_owner_dies(local_cluster):
     assert "stopped" in (cluster.dir / "log" / "watchdog.log").read_text()
 
 
+# The requeue signals every process of the first run, one after the other: when `sleep` dies first, the shell
+# went on to the next line before its own signal came, and wrote a result for the first run ("restarts=").
+# The first run must therefore never reach the echo.
 REQUEUE_ONCE = """#!/bin/sh
 if [ "${SLURM_RESTART_COUNT:-0}" = 0 ]; then
     scontrol requeue "$SLURM_JOB_ID"
     sleep 60
+    exit 1
 fi
 echo "restarts=$SLURM_RESTART_COUNT" > "$1"
 """
