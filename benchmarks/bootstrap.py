@@ -269,9 +269,9 @@ EXPLANATION = [
     "lookup of node1 and asks `scontrol show node` (MASTER_ADDR given skips both).",
     "- **by hand, no library**: the least a start without an agent can do, written out in the worker "
     "(`start_by_hand`: rank 0 serves a TCPStore, the others poll its port every millisecond and join, then "
-    "`init_process_group()`), launched like the MASTER_ADDR-given row. It is above torchrun as well: every "
-    "rank waits for whatever rank 0 does before its store listens. The distance from it to the slurmdist "
-    "rows is slurmdist's own cost.",
+    "`init_process_group()`), launched like the MASTER_ADDR-given row. Unlike torchrun's workers, its ranks "
+    "wait for whatever rank 0 does before its store listens. The distance from it to the slurmdist rows is "
+    "slurmdist's own cost.",
     "- **why `slurmdist.init()` is above torchrun per rank**: torchrun's agent did the rendezvous and started "
     "the store before its workers existed, so a worker's `init_process_group()` only joins a listening store "
     "and builds the gloo mesh. `init()` does that work itself, in every rank: it loads its own modules (the "

@@ -110,7 +110,7 @@ def _run(args: argparse.Namespace) -> int:
     from . import store_host
     from .detection import detect
     from .exporting import torchrun_variables
-    from .rendezvous import resolve_master
+    from .rendezvous import AGENT_STORE_VARIABLE, resolve_master
 
     command = list(args.command)
     if command and command[0] == "--":
@@ -125,7 +125,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.store and store_host.wanted(env, os.environ):
         if env.rank == 0:
             store_host.start(store_host.listen(env.master_port), env.world_size)
-        child_env[store_host.AGENT_STORE_VARIABLE] = "True"
+        child_env[AGENT_STORE_VARIABLE] = "True"
     try:
         # exec, not a child process: Slurm's signals (preemption, time limit) reach the command directly.
         os.execvpe(command[0], command, child_env)

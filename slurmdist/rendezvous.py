@@ -32,6 +32,9 @@ log = logging.getLogger("slurmdist")
 MPI_LAUNCHERS = ("openmpi", "pmi", "mvapich", "pals", "flux", "jsrun", "mpi4py")
 DEFAULT_TIMEOUT = 300.0
 TIMEOUT_VARIABLE = "SLURMDIST_INIT_TIMEOUT"
+# torch's switch for "an agent serves the store at MASTER_ADDR:MASTER_PORT": every rank, rank 0 too, joins it.
+# torchrun sets it, and so does `slurmdist run` when its store host serves the store.
+AGENT_STORE_VARIABLE = "TORCHELASTIC_USE_AGENT_STORE"
 VERDICT_GRACE = 5.0  # how long a rank waits for another rank's timeout report before writing its own
 # Seconds between connection attempts to a store not yet listening: ranks usually start within a few ms of
 # rank 0, so the first retries are short (a refused connect costs microseconds).
@@ -521,9 +524,14 @@ def _first_line(exc: Optional[BaseException]) -> str:
     return text[0] if text else type(exc).__name__
 
 
+def agent_serves_store(environ: Mapping[str, str]) -> bool:
+    """True when an agent (torchrun's, or `slurmdist run`'s store host) already serves the store."""
+    return environ.get(AGENT_STORE_VARIABLE) == "True"
+
+
 def connect(env: DistEnv, deadline: Deadline, environ: Mapping[str, str], generation: int = 0) -> Rendezvous:
     """Resolve the master, open the store and check in (without waiting for the others)."""
-    agent_store = environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    agent_store = agent_serves_store(environ)
     env = _slurm_master(env, environ, deadline)
     if env.master_addr is None or env.master_port is None:
         store, env = _mpi_store(env, deadline, environ)

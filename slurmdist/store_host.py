@@ -27,9 +27,7 @@ from datetime import timedelta
 from typing import Mapping, Optional, Sequence
 
 from .distenv import LOOPBACK, DistEnv
-from .rendezvous import port_in_use
-
-AGENT_STORE_VARIABLE = "TORCHELASTIC_USE_AGENT_STORE"
+from .rendezvous import agent_serves_store, port_in_use
 PARENT_POLL = 0.2  # seconds between checks that the command is still running
 LEFT_TO_THE_COMMAND = ("SIGINT", "SIGTERM", "SIGHUP", "SIGUSR1", "SIGUSR2")
 
@@ -39,7 +37,7 @@ def wanted(env: DistEnv, environ: Mapping[str, str]) -> bool:
     torchrun), and not when this interpreter has no torch to serve it with. Every rank decides alike."""
     return (
         env.world_size > 1
-        and environ.get(AGENT_STORE_VARIABLE) != "True"
+        and not agent_serves_store(environ)
         and importlib.util.find_spec("torch") is not None
     )
 

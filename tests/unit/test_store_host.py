@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from slurmdist import detect
-from slurmdist.store_host import AGENT_STORE_VARIABLE, wanted
+from slurmdist.rendezvous import AGENT_STORE_VARIABLE
+from slurmdist.store_host import wanted
 from tests.conftest import load_case
 
 
