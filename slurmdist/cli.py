@@ -106,10 +106,28 @@ def _shown(name: str, value: object, env: DistEnv) -> str:
     return "-"
 
 
+def _gloo_interface(env: DistEnv) -> Optional[str]:
+    """The interface the command's gloo groups should bind (see slurmdist.interfaces), or None to leave it."""
+    import socket
+
+    from . import interfaces
+    from .rendezvous import addresses, names_this_host
+
+    if not interfaces.wanted(env.world_size, os.environ) or env.master_addr is None:
+        return None
+    single_node = env.local_world_size == env.world_size
+    master = env.master_addr  # resolved: a name that resolves, or Slurm's NodeAddr for one that does not
+    if not single_node and interfaces.packed(master) is None:  # a name: its first address
+        master = next(iter(addresses(master, 5.0)), None)
+    own_name = names_this_host(env.master_addr, socket.gethostname())
+    return interfaces.gloo_interface_for_command(master, single_node, own_name)
+
+
 def _run(args: argparse.Namespace) -> int:
     from . import store_host
     from .detection import detect
     from .exporting import torchrun_variables
+    from .interfaces import GLOO_INTERFACE_VARIABLE
     from .rendezvous import AGENT_STORE_VARIABLE, resolve_master
 
     command = list(args.command)
@@ -122,6 +140,9 @@ def _run(args: argparse.Namespace) -> int:
     env = resolve_master(detect(), timeout=args.timeout)
     child_env: Dict[str, str] = dict(os.environ)
     child_env.update(torchrun_variables(env))
+    interface = _gloo_interface(env)
+    if interface is not None:
+        child_env[GLOO_INTERFACE_VARIABLE] = interface
     if args.store and store_host.wanted(env, os.environ):
         if env.rank == 0:
             store_host.start(store_host.listen(env.master_port), env.world_size)

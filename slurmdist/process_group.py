@@ -17,7 +17,7 @@ import warnings
 from datetime import timedelta
 from typing import Any, Iterator, Mapping, Optional
 
-from . import backends, devices, rendezvous
+from . import backends, devices, interfaces, rendezvous
 from .distenv import DistEnv
 from .errors import SlurmdistError
 
@@ -53,6 +53,7 @@ def init(
         deadline = rendezvous.Deadline(rendezvous.init_timeout(timeout, environ))
         env = detect(environ)
         env = _choose_device(env, backend, device, environ)
+        _check_gloo_interface(env, environ)
         env = _start_group(env, deadline, environ)
         _state["env"] = env
         _state["generation"] += 1
@@ -80,6 +81,13 @@ def _choose_device(env: DistEnv, backend: str, device: Any, environ: Mapping[str
     return env.replace(device=devices.bind(plan), device_ids=plan.device_ids, backend=choice.backend)
 
 
+def _check_gloo_interface(env: DistEnv, environ: Mapping[str, str]) -> None:
+    """A GLOO_SOCKET_IFNAME set by the user for a gloo group must name interfaces this host has."""
+    chosen = interfaces.user_choice(environ, os.environ)
+    if chosen and env.world_size > 1 and "gloo" in str(env.backend):
+        interfaces.check_user_choice(chosen, interfaces.interface_names())
+
+
 def _start_group(env: DistEnv, deadline: rendezvous.Deadline, environ: Mapping[str, str]) -> DistEnv:
     import torch.distributed as dist
 
@@ -105,6 +113,7 @@ def _start_group(env: DistEnv, deadline: rendezvous.Deadline, environ: Mapping[s
         meeting.wait_all()
     meeting.store.set_timeout(timedelta(seconds=deadline.remaining()))
     try:
+        _choose_gloo_interface(meeting, environ)
         _init_group(env, meeting.store, meeting.keys.prefix, collective, deadline if eager else None)
     except RuntimeError as exc:
         meeting.fail(exc)
@@ -112,6 +121,21 @@ def _start_group(env: DistEnv, deadline: rendezvous.Deadline, environ: Mapping[s
     meeting.store.set_timeout(collective)  # later new_group() calls wait on the store as long as collectives
     _state["store"] = meeting.store
     return env
+
+
+def _choose_gloo_interface(meeting: rendezvous.Rendezvous, environ: Mapping[str, str]) -> None:
+    """Point gloo (this group's, and any gloo group made later, e.g. `new_group(backend="gloo")` beside nccl)
+    at the interface other nodes reach the master's node through, unless the user chose one. Sets
+    GLOO_SOCKET_IFNAME in this process: gloo reads its choice from there only."""
+    env = meeting.env
+    if not interfaces.wanted(env.world_size, environ, os.environ):
+        return
+    single_node = env.local_world_size == env.world_size
+    name = interfaces.gloo_interface(None if single_node else meeting.master_reach(), single_node)
+    if name is None:
+        log.debug("rank %d: no interface towards the master found; gloo picks its own", env.rank)
+        return
+    os.environ[interfaces.GLOO_INTERFACE_VARIABLE] = name
 
 
 def _init_group(

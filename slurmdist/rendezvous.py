@@ -318,14 +318,16 @@ def resolve_master(
 # --- store ----------------------------------------------------------------------------------------------
 
 
-def wait_listening(host: str, port: int, deadline: Deadline, world_size: int) -> None:
-    """Poll until something listens on host:port, sleeping a few milliseconds between attempts."""
+def wait_listening(host: str, port: int, deadline: Deadline, world_size: int) -> str:
+    """Poll until something listens on host:port, sleeping a few milliseconds between attempts; returns the
+    address that answered (a name may have several)."""
     sleep = POLL_FIRST
     last: Optional[BaseException] = None
     while True:
         try:
-            with socket.create_connection((lookup_form(host), port), timeout=min(2.0, deadline.remaining())):
-                return
+            address = (lookup_form(host), port)
+            with socket.create_connection(address, timeout=min(2.0, deadline.remaining())) as probe:
+                return str(probe.getpeername()[0])
         except OSError as exc:
             last = exc
         if deadline.expired():
@@ -340,29 +342,32 @@ def wait_listening(host: str, port: int, deadline: Deadline, world_size: int) ->
 
 def open_store(
     host: str, port: int, rank: int, world_size: int, deadline: Deadline, *, serve: bool = False
-) -> Any:
-    """A TCPStore at host:port: served here when `serve` (rank 0, port 0 = kernel's choice), else joined."""
+) -> Tuple[Any, Optional[str]]:
+    """A TCPStore at host:port: served here when `serve` (rank 0, port 0 = kernel's choice), else joined.
+    Also returns the address a joined store answered at (None when served here)."""
     import torch.distributed as dist
 
     host = strip_brackets(host)
     where = hostport(host, port)
     if serve:
         try:
-            return dist.TCPStore(
+            served = dist.TCPStore(
                 host, port, None, True, timedelta(seconds=deadline.remaining()), wait_for_workers=False
             )
+            return served, None
         except RuntimeError as exc:
             if "EADDRINUSE" in str(exc) or "address already in use" in str(exc).lower():
                 raise port_in_use(port, where) from None
             raise RendezvousError(f"rank 0 cannot host the rendezvous store at {where}: {exc}") from None
-    wait_listening(host, port, deadline, world_size)
+    peer = wait_listening(host, port, deadline, world_size)
     try:
         # In a thread: the client's handshake ignores its timeout when a listener never answers.
-        return _call_with_timeout(
+        joined = _call_with_timeout(
             lambda: dist.TCPStore(host, port, None, False, timedelta(seconds=deadline.remaining())),
             deadline.remaining(),
             "store-connect",
         )
+        return joined, peer
     except TimeoutError:
         raise RendezvousError(
             f"rank {rank}: something listens at {where} but does not answer as a rendezvous store (world size "
@@ -386,7 +391,7 @@ def port_in_use(port: int, where: str, who: str = "rank 0") -> RendezvousError:
 class Keys:
     """Store keys of one rendezvous; `prefix` separates jobs, restarts and repeated init() calls."""
 
-    __slots__ = ("prefix", "count", "verdict", "reporter", "seen")
+    __slots__ = ("prefix", "count", "verdict", "reporter", "seen", "reach")
 
     def __init__(self, prefix: str) -> None:
         self.prefix = prefix
@@ -394,6 +399,7 @@ class Keys:
         self.verdict = f"{prefix}/verdict"  # 'go', or what went wrong
         self.reporter = f"{prefix}/reporter"  # the first rank to notice a failure writes the verdict
         self.seen = f"{prefix}/seen"  # ranks that read a failed verdict (rank 0 waits for them)
+        self.reach = f"{prefix}/reach"  # the address a rank on another node reached the master's node at
 
     def arrived(self, rank: int) -> str:
         return f"{self.prefix}/arrived/{rank}"
@@ -436,15 +442,26 @@ class Rendezvous:
     verdict, so every present rank fails with the same message.
     """
 
-    def __init__(self, store: Any, env: DistEnv, keys: Keys, deadline: Deadline) -> None:
+    def __init__(
+        self, store: Any, env: DistEnv, keys: Keys, deadline: Deadline, reach: Optional[str] = None
+    ) -> None:
         self.store, self.env, self.keys, self.deadline = store, env, keys, deadline
+        self.reach = reach  # the address this rank reached the master's node at; None over the loopback shortcut
         self.where = hostport(env.master_addr, env.master_port)
 
     def check_in(self) -> None:
+        """Say this rank is here (and, first, at which address it reached the master's node)."""
         with self._store_errors():
+            if self.reach is not None:
+                self.store.set(self.keys.reach, self.reach)
             self.store.set(self.keys.arrived(self.env.rank), socket.gethostname())
             if self.store.add(self.keys.count, 1) == self.env.world_size:
                 self.store.compare_set(self.keys.verdict, "", "go")
+
+    def master_reach(self) -> str:
+        """The address other nodes reach the master's node at. A rank that took the loopback shortcut learns it
+        from the first rank of another node to check in, waiting for one within the store's timeout."""
+        return self.reach if self.reach is not None else _get(self.store, self.keys.reach)
 
     def wait_all(self) -> None:
         """Block until every rank checked in, within the deadline."""
@@ -534,18 +551,19 @@ def connect(env: DistEnv, deadline: Deadline, environ: Mapping[str, str], genera
     agent_store = agent_serves_store(environ)
     env = _slurm_master(env, environ, deadline)
     if env.master_addr is None or env.master_port is None:
-        store, env = _mpi_store(env, deadline, environ)
+        store, env, reach = _mpi_store(env, deadline, environ)
     else:
         if names_this_host(env.master_addr, socket.gethostname()):
             # The store listens on every interface: ranks on the master's own node (rank 0 among them) reach
             # it over loopback, with no name lookup and no `scontrol` call when node names are not in DNS.
-            host = LOOPBACK
+            host, shortcut = LOOPBACK, True
         else:
-            host = resolve_host(env.master_addr, environ, min(10.0, deadline.remaining()))
+            host, shortcut = resolve_host(env.master_addr, environ, min(10.0, deadline.remaining())), False
             env = env.replace(master_addr=host)
         serve = env.rank == 0 and not agent_store  # torchrun's agent already serves the store
-        store = open_store(host, env.master_port, env.rank, env.world_size, deadline, serve=serve)
-    meeting = Rendezvous(store, env, Keys(run_prefix(env, environ, generation)), deadline)
+        store, peer = open_store(host, env.master_port, env.rank, env.world_size, deadline, serve=serve)
+        reach = None if shortcut else peer
+    meeting = Rendezvous(store, env, Keys(run_prefix(env, environ, generation)), deadline, reach)
     meeting.check_in()
     return meeting
 
@@ -557,17 +575,19 @@ def _slurm_master(env: DistEnv, environ: Mapping[str, str], deadline: Deadline) 
     return env.replace(master_addr=hostfile_master(environ, min(10.0, deadline.remaining())))
 
 
-def _mpi_store(env: DistEnv, deadline: Deadline, environ: Mapping[str, str]) -> Tuple[Any, DistEnv]:
-    """MPI across nodes: rank 0 opens its store on a kernel-chosen port, then broadcasts address and port."""
+def _mpi_store(env: DistEnv, deadline: Deadline, environ: Mapping[str, str]) -> Tuple[Any, DistEnv, Optional[str]]:
+    """MPI across nodes: rank 0 opens its store on a kernel-chosen port, then broadcasts address and port.
+    Also returns the address the store is reached at (rank 0's own, as it broadcast it)."""
     require_mpi_launcher(env)
     comm = mpi_comm(env, environ)
     store, mine = None, None
     if env.rank == 0:
         addr = env.master_addr or own_address(single_node=env.local_world_size == env.world_size)
-        store = open_store(addr, env.master_port or 0, 0, env.world_size, deadline, serve=True)
+        store, _ = open_store(addr, env.master_port or 0, 0, env.world_size, deadline, serve=True)
         mine = f"{addr} {store.port}"
     addr, port = mpi_broadcast(comm, mine, deadline).split()
     env = env.replace(master_addr=addr, master_port=int(port))
+    reach: Optional[str] = addr
     if store is None:
-        store = open_store(addr, int(port), env.rank, env.world_size, deadline)
-    return store, env
+        store, reach = open_store(addr, int(port), env.rank, env.world_size, deadline)
+    return store, env, reach

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import subprocess
+import time
 
 import pytest
 
@@ -21,6 +22,23 @@ def test_missing_rank_is_named_by_every_present_rank():
         assert "rank(s) 3 never arrived" in result.stderr
         assert f"127.0.0.1:{port}" in result.stderr
         assert "world size 4" in result.stderr
+
+
+def test_a_whole_missing_node_is_named_by_the_master_nodes_ranks():
+    # Ranks 0-1 on the master's node, ranks 2-3 on a node that never starts: the master's node waits for a rank
+    # of the other node to say at which address it reached the master (gloo binds the interface towards it),
+    # and that wait ends at the init timeout with the missing ranks named, like any other.
+    port = free_port()
+    procs = []
+    for rank in (0, 1):
+        environ = {**rank_environ(rank, 4, port), "LOCAL_WORLD_SIZE": "2", "SLURMDIST_INIT_TIMEOUT": "10"}
+        procs.append(subprocess.Popen([PYTHON, str(ALLREDUCE)], env=environ, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True))
+    started = time.monotonic()
+    for result in finish(procs):
+        assert result.returncode != 0
+        assert "rank(s) 2-3 never arrived" in result.stderr, result.stderr
+    assert time.monotonic() - started < 25
 
 
 def test_unresolvable_master_names_the_host():

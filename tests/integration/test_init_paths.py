@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from tests.integration.workers.launch import (
@@ -9,6 +11,8 @@ from tests.integration.workers.launch import (
 )
 
 pytestmark = pytest.mark.integration
+
+GLOO_FALLBACK = "Unable to resolve hostname"  # gloo's warning when it binds loopback for want of an address
 
 
 WORLDS = [4, pytest.param(8, marks=pytest.mark.slow)]  # 8 torch processes on 2 cores take a while
@@ -32,7 +36,24 @@ def test_single_process_needs_no_launcher():
 def test_torchrun_standalone():
     result = run([tool("torchrun"), "--standalone", "--nproc_per_node=4", ALLREDUCE], clean_environ())
     assert result.returncode == 0, result.stderr
-    check_allreduce(result.stdout, 4, launcher="torchrun")
+    found = check_allreduce(result.stdout, 4, launcher="torchrun")
+    assert {r["gloo_interface"] for r in found} == {"lo"}  # one node: loopback, with no name lookup
+
+
+def test_a_gloo_interface_the_user_chose_is_kept():
+    procs = start_ranks(range(2), 2, free_port(), GLOO_SOCKET_IFNAME="lo,lo")  # two gloo devices, not our "lo"
+    found = check_allreduce("".join(r.stdout for r in finish(procs)), 2)
+    assert {r["gloo_interface"] for r in found} == {"lo,lo"}
+
+
+def test_a_gloo_interface_this_host_lacks_fails_before_the_rendezvous():
+    started = time.monotonic()
+    results = finish(start_ranks(range(2), 2, free_port(), GLOO_SOCKET_IFNAME="lo,no-such0"))
+    for result in results:
+        assert result.returncode != 0
+        assert "GLOO_SOCKET_IFNAME='lo,no-such0' names no network interface" in result.stderr, result.stderr
+        assert "'no-such0'" in result.stderr and "lo" in result.stderr
+    assert time.monotonic() - started < 60  # not the rendezvous timeout: no rank waited for another
 
 
 @pytest.mark.parametrize("world", WORLDS)
@@ -53,6 +74,10 @@ def test_srun_across_two_nodes_whose_names_do_not_resolve(slurm_cluster, tasks_p
     assert result.returncode == 0, result.stdout + result.stderr
     found = check_allreduce(result.stdout, 2 * tasks_per_node, launcher="slurm")
     assert {r["host"] for r in found} == {"node1", "node2"}
+    # gloo binds the interface each rank reaches the master through (here lo: the nodes share this machine's
+    # loopback), instead of looking up node names that do not resolve and falling back with a warning.
+    assert {r["gloo_interface"] for r in found} == {"lo"}
+    assert GLOO_FALLBACK not in result.stderr
 
 
 def test_srun_arbitrary_layout_meets_where_task_0_runs(slurm_cluster, tmp_path):
@@ -79,6 +104,9 @@ def test_slurmdist_run_under_srun_exports_a_master_every_node_reaches(slurm_clus
     assert result.returncode == 0, result.stdout + result.stderr
     found = check_allreduce(result.stdout, 4, launcher="plain" if mode == "plain" else "torchrun")
     assert {r["host"] for r in found} == {"node1", "node2"}
+    # Exported to the command: node1's ranks trust Slurm's NodeAddr for their own node (127.0.0.11 here).
+    assert {r["gloo_interface"] for r in found} == {"lo"}
+    assert GLOO_FALLBACK not in result.stderr
 
 
 def test_slurmdist_run_under_mpirun_exports_a_shared_master():

@@ -82,6 +82,20 @@ def test_run_execs_the_command_with_torchruns_variables():
                     "TORCHELASTIC_USE_AGENT_STORE": "True"}  # rank 0's `slurmdist run` serves the store
 
 
+@pytest.mark.parametrize("extra, interface", [
+    ({"MASTER_ADDR": "127.0.0.11"}, "lo"),  # an address (a NodeAddr): gloo binds the interface towards it
+    ({"MASTER_ADDR": "localhost"}, None),  # this host's own name, resolving to loopback, in a 2-node job
+    ({"MASTER_ADDR": "127.0.0.11", "GLOO_SOCKET_IFNAME": "ib7"}, "ib7"),  # the user's choice, untouched
+])
+def test_run_points_gloo_at_the_interface_towards_the_master(extra, interface):
+    task = {**load_case("slurm/srun_N2_tpn2")[3], **extra}
+    probe = "import os; print(os.environ.get('GLOO_SOCKET_IFNAME'))"
+    environ = {k: v for k, v in clean_environ(**task).items() if k != "GLOO_SOCKET_IFNAME" or k in extra}
+    result = slurmdist("run", "--", sys.executable, "-c", probe, environ=environ)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == str(interface)
+
+
 def test_run_reports_a_missing_command():
     task = {**load_case("slurm/srun_N2_tpn2")[0], "MASTER_ADDR": "localhost"}
     result = slurmdist("run", "--", "no-such-command-xyz", environ=clean_environ(**task))

@@ -36,6 +36,7 @@ def main() -> int:
         "start": wall_start,
         "end": wall_start + elapsed,
         "host": os.uname().nodename,
+        "gloo_interface": os.environ.get("GLOO_SOCKET_IFNAME"),
     }
     print(json.dumps(record), flush=True)
     if mode == "plain":

@@ -1,0 +1,161 @@
+"""Which network interface gloo binds: the one this rank reaches the master through.
+
+Why: left alone, gloo binds the address this host's own name resolves to, and falls back to loopback when
+the name does not resolve. On many clusters that is an address other nodes cannot reach (Debian and Ubuntu
+map the host name to `127.0.1.1` in /etc/hosts; container and cloud nodes often resolve to nothing), so every
+rank advertises loopback and the mesh across nodes times out. The interface that carries this rank's traffic
+to the master is one the other nodes can reach, by construction. Picking it also spares every rank gloo's
+DNS lookup of its own name.
+
+`GLOO_SOCKET_IFNAME` is gloo's own switch for this; slurmdist sets it only when the user has not.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import sys
+from typing import Dict, Iterable, List, Mapping, Optional
+
+from .distenv import LOOPBACK
+from .errors import BackendError
+
+log = logging.getLogger("slurmdist")
+
+GLOO_INTERFACE_VARIABLE = "GLOO_SOCKET_IFNAME"
+_SIOCGIFADDR = 0x8915  # Linux ioctl: the (first) IPv4 address of an interface
+_INET6_TABLE = "/proc/net/if_inet6"
+
+
+def wanted(env_world_size: int, *environs: Mapping[str, str]) -> bool:
+    """Choose gloo's interface only for a group with peers, and never over a choice the user made."""
+    return env_world_size > 1 and user_choice(*environs) is None
+
+
+def user_choice(*environs: Mapping[str, str]) -> Optional[str]:
+    for environ in environs:
+        if environ.get(GLOO_INTERFACE_VARIABLE):
+            return environ[GLOO_INTERFACE_VARIABLE]
+    return None
+
+
+def check_user_choice(value: str, names: Iterable[str]) -> None:
+    """A GLOO_SOCKET_IFNAME naming no interface of this host fails here, before any network wait, with the
+    names it could have been (gloo itself would fail inside the process group with a C++ assertion)."""
+    known = sorted(set(names))
+    unknown = [name for name in value.split(",") if name not in known]
+    if unknown:
+        raise BackendError(
+            f"{GLOO_INTERFACE_VARIABLE}={value!r} names no network interface of this host "
+            f"({socket.gethostname()}): {', '.join(map(repr, unknown))}; its interfaces are {', '.join(known)}. "
+            f"Name one of them (the one the nodes share), or unset {GLOO_INTERFACE_VARIABLE} and slurmdist "
+            "picks the interface that reaches the master"
+        )
+
+
+def interface_names() -> List[str]:
+    return [name for _, name in socket.if_nameindex()]
+
+
+def packed(address: str) -> Optional[bytes]:
+    """An IPv4 or IPv6 address in network byte order (a zone such as `%eth0` ignored); None if it is none."""
+    bare = address.split("%")[0]
+    for family in (socket.AF_INET, socket.AF_INET6):
+        try:
+            return socket.inet_pton(family, bare)
+        except OSError:
+            continue
+    return None
+
+
+def interface_holding(address: str, table: Mapping[str, List[bytes]]) -> Optional[str]:
+    """The interface of `table` (name -> packed addresses) that carries `address`, if any."""
+    wanted_address = packed(address)
+    if wanted_address is None:
+        return None
+    for name, addresses in table.items():
+        if wanted_address in addresses:
+            return name
+    return None
+
+
+def source_address(destination: str) -> Optional[str]:
+    """The local address the kernel sends from to reach the address `destination` (connecting a UDP socket
+    sends nothing). None for a host name: looking it up here would only repeat the lookup the store made."""
+    if packed(destination) is None:
+        return None
+    family = socket.AF_INET6 if ":" in destination else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_DGRAM) as udp:
+            udp.connect((destination.split("%")[0], 9))
+            return udp.getsockname()[0]
+    except OSError as exc:
+        log.debug("no route from this host to %s: %s", destination, exc)
+        return None
+
+
+def interface_addresses() -> Dict[str, List[bytes]]:
+    """This host's interfaces and their addresses (packed). Linux only (Slurm's platform); empty elsewhere.
+
+    IPv4 comes from the interface's first address, the one gloo itself binds when given the interface name.
+    """
+    if not sys.platform.startswith("linux"):
+        return {}
+    import fcntl
+
+    table: Dict[str, List[bytes]] = {}
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        for name in interface_names():
+            request = name.encode()[:15].ljust(40, b"\0")  # struct ifreq: 16-byte name, then the address
+            try:
+                answer = fcntl.ioctl(sock.fileno(), _SIOCGIFADDR, request)
+            except OSError:  # no IPv4 address on this interface
+                continue
+            table.setdefault(name, []).append(answer[20:24])  # sockaddr_in: family, port, then the address
+    try:
+        with open(_INET6_TABLE, encoding="ascii") as lines:
+            for line in lines:
+                fields = line.split()
+                if len(fields) == 6:
+                    table.setdefault(fields[5], []).append(bytes.fromhex(fields[0]))
+    except OSError:  # IPv6 disabled
+        pass
+    return table
+
+
+def interface_towards(destination: str) -> Optional[str]:
+    """The interface this host reaches `destination` through, or None when that cannot be told."""
+    source = source_address(destination)
+    if source is None:
+        return None
+    return interface_holding(source, interface_addresses())
+
+
+def is_loopback(address: str) -> bool:
+    raw = packed(address)
+    return raw is not None and (raw[0] == 127 if len(raw) == 4 else raw == socket.inet_pton(socket.AF_INET6, "::1"))
+
+
+def gloo_interface(reach: Optional[str], single_node: bool) -> Optional[str]:
+    """The interface gloo should bind, given the address ranks on other nodes reach the master at.
+
+    One node: loopback, which every rank shares. Otherwise the interface towards `reach`; None (gloo keeps
+    its own choice) when it is unknown or cannot be told.
+    """
+    if single_node:
+        return interface_towards(LOOPBACK)
+    return interface_towards(reach) if reach else None
+
+
+def gloo_interface_for_command(master_address: Optional[str], single_node: bool, own_name: bool) -> Optional[str]:
+    """The same choice for `slurmdist run`, which cannot ask another node how it reached the master before the
+    command starts, so it goes by the master address it resolved itself. `own_name`: that address is what this
+    host's own name resolved to (the rank is on the master's node). When that is loopback, it is exactly where
+    gloo's default goes wrong (`127.0.1.1 node1` in /etc/hosts), so gloo keeps its own choice. A loopback
+    address Slurm gave as the node's NodeAddr is trusted: other nodes reach the master there too.
+    """
+    if single_node or master_address is None:
+        return gloo_interface(master_address, single_node)
+    if own_name and is_loopback(source_address(master_address) or ""):
+        return None
+    return interface_towards(master_address)

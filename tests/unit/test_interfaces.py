@@ -1,0 +1,119 @@
+"""Which interface gloo binds: pure choices over address tables, and this machine's own interfaces read for real."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+
+import pytest
+
+from slurmdist import interfaces
+from slurmdist.errors import BackendError
+
+V4 = socket.inet_pton(socket.AF_INET, "10.1.0.7")
+V6 = socket.inet_pton(socket.AF_INET6, "fd00::7")
+TABLE = {
+    "lo": [socket.inet_pton(socket.AF_INET, "127.0.0.1"), socket.inet_pton(socket.AF_INET6, "::1")],
+    "eth0": [V4],
+    "ib0": [socket.inet_pton(socket.AF_INET, "10.2.0.7"), V6],
+}
+
+
+@pytest.mark.parametrize("address, name", [
+    ("10.1.0.7", "eth0"),
+    ("10.2.0.7", "ib0"),
+    ("fd00::7", "ib0"),
+    ("fd00:0:0::7%ib0", "ib0"),  # another spelling, with a zone
+    ("127.0.0.1", "lo"),
+    ("10.9.9.9", None),  # not this host's
+    ("node1", None),  # a name is not an address: never looked up here
+])
+def test_the_interface_holding_an_address(address, name):
+    assert interfaces.interface_holding(address, TABLE) == name
+
+
+@pytest.mark.parametrize("address, loopback", [
+    ("127.0.0.1", True), ("127.0.1.1", True), ("127.0.0.11", True), ("::1", True),
+    ("10.1.0.7", False), ("fd00::7", False), ("node1", False), ("", False),
+])
+def test_loopback_addresses(address, loopback):
+    assert interfaces.is_loopback(address) is loopback
+
+
+def test_chosen_only_for_a_group_and_never_over_the_user():
+    assert interfaces.wanted(4, {}, {})
+    assert not interfaces.wanted(1, {}, {})
+    assert not interfaces.wanted(4, {"GLOO_SOCKET_IFNAME": "ib0"}, {})
+    assert not interfaces.wanted(4, {}, {"GLOO_SOCKET_IFNAME": "ib0"})
+    assert interfaces.wanted(4, {"GLOO_SOCKET_IFNAME": ""}, {})  # set but empty is no choice
+
+
+def test_a_user_choice_is_checked_against_this_hosts_interfaces():
+    interfaces.check_user_choice("eth0", ["lo", "eth0"])
+    interfaces.check_user_choice("eth0,ib0", ["lo", "eth0", "ib0"])  # gloo takes a list: one device each
+    with pytest.raises(BackendError) as caught:
+        interfaces.check_user_choice("eth0,ib1", ["lo", "eth0", "ib0"])
+    message = str(caught.value)
+    assert "GLOO_SOCKET_IFNAME='eth0,ib1'" in message and "'ib1'" in message
+    assert "eth0, ib0, lo" in message  # what it could have been
+    assert "unset GLOO_SOCKET_IFNAME" in message
+
+
+# --- this machine, for real: the kernel's routes and interfaces (loopback exists on every Linux host) ---
+
+
+def test_the_local_cluster_nodes_reach_each_other_over_loopback():
+    # scripts/local-cluster gives node N the NodeAddr 127.0.0.(10+N): the route to it leaves through lo.
+    assert interfaces.source_address("127.0.0.11") == "127.0.0.1"
+    assert interfaces.interface_towards("127.0.0.11") == "lo"
+    assert interfaces.interface_towards("::1") == "lo"
+
+
+def test_one_node_binds_loopback_and_several_need_an_address():
+    assert interfaces.gloo_interface(None, single_node=True) == "lo"
+    assert interfaces.gloo_interface(None, single_node=False) is None  # unknown: gloo keeps its own choice
+    assert interfaces.gloo_interface("127.0.0.12", single_node=False) == "lo"
+
+
+@pytest.mark.parametrize("master, own_name, expected", [
+    ("127.0.0.11", False, "lo"),  # Slurm's NodeAddr for the master node: trusted, other nodes use it too
+    ("127.0.1.1", True, None),  # this host's own name resolved to loopback (Debian's /etc/hosts): gloo decides
+    ("node1", False, None),  # never a name: the CLI passes the address the name resolved to
+    (None, False, None),
+])
+def test_slurmdist_run_across_nodes(master, own_name, expected):
+    assert interfaces.gloo_interface_for_command(master, single_node=False, own_name=own_name) == expected
+
+
+def test_slurmdist_run_on_one_node_binds_loopback():
+    assert interfaces.gloo_interface_for_command("127.0.1.1", single_node=True, own_name=True) == "lo"
+
+
+def _ip_addr() -> list:
+    """`ip -j addr` (iproute2): the reference this module's ioctl and /proc reading must agree with."""
+    ip = shutil.which("ip") or next((p for p in ("/usr/sbin/ip", "/sbin/ip") if os.path.exists(p)), None)
+    if ip is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("iproute2's `ip` is missing: scripts/install-system-deps installs it")
+        pytest.skip("iproute2's `ip` is not installed")
+    return json.loads(subprocess.run([ip, "-j", "addr"], capture_output=True, text=True, check=True,
+                                     timeout=10).stdout)
+
+
+def test_every_interface_address_is_read_as_iproute2_reports_it():
+    table = interfaces.interface_addresses()
+    for link in _ip_addr():
+        name = link["ifname"]
+        ipv4 = [a["local"] for a in link.get("addr_info", []) if a["family"] == "inet"]
+        ipv6 = [a["local"] for a in link.get("addr_info", []) if a["family"] == "inet6"]
+        if ipv4:  # the interface's first IPv4 address: the one gloo binds when given the name
+            assert interfaces.interface_holding(ipv4[0], {name: table.get(name, [])}) == name
+        for address in ipv6:
+            assert interfaces.interface_holding(address, {name: table.get(name, [])}) == name
+        for address in ipv4[:1] + ipv6:
+            if not address.startswith("fe80"):  # link-local needs a zone to route to
+                assert interfaces.interface_towards(address) == name, address
+    assert "lo" in table
