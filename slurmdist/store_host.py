@@ -56,11 +56,12 @@ def listen(port: int) -> socket.socket:
         raise
 
 
-def start(listener: socket.socket, world_size: int) -> int:
+def start(listener: socket.socket, world_size: int) -> None:
     """Start the store host on `listener` and close this process's copy (the command must not hold the
-    port: if the host dies, clients should see a refused connection, not a silent listener). Its pid."""
+    port: if the host dies, clients should see a refused connection, not a silent listener). Nobody waits
+    for it: the command exec'd next becomes its parent, and it exits once that parent has."""
     port = listener.getsockname()[1]
-    child = subprocess.Popen(
+    subprocess.Popen(
         [sys.executable, "-m", "slurmdist.store_host", str(listener.fileno()), str(port), str(world_size),
          str(os.getpid())],
         pass_fds=(listener.fileno(),),
@@ -68,7 +69,6 @@ def start(listener: socket.socket, world_size: int) -> int:
         stdout=subprocess.DEVNULL,
     )
     listener.close()
-    return child.pid
 
 
 def serve(fd: int, port: int, world_size: int, parent: int, poll: float = PARENT_POLL) -> int:
