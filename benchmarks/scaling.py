@@ -36,8 +36,9 @@ def run(ctx: Context) -> Section:
 DNS_NOTE = (
     "A per-rank time of about 5 s (or a multiple of it) is a DNS query left unanswered, not start-up work: 5 s "
     "is the resolver's timeout, this sandbox's DNS server leaves about 3 queries in 100 unanswered, and every "
-    "rank makes several (torch's store client looks the store's address up in reverse, gloo looks up the "
-    "node's own name, and on this cluster the ranks on node2 look up node1, which is not in DNS). The more "
+    "rank makes some (torch's store client looks the store's address up in reverse, gloo looks up the node's "
+    "own name unless told its interface, as slurmdist does and torchrun does not, and on this cluster the "
+    "ranks on node2 look up node1, which is not in DNS). The more "
     "ranks, the likelier one of them stalls, and the gloo mesh makes every rank wait for it. See "
     "[troubleshooting](init.md#troubleshooting)."
 )

@@ -4,8 +4,8 @@ Why: left alone, gloo binds the address this host's own name resolves to, and fa
 the name does not resolve. On many clusters that is an address other nodes cannot reach (Debian and Ubuntu
 map the host name to `127.0.1.1` in /etc/hosts; container and cloud nodes often resolve to nothing), so every
 rank advertises loopback and the mesh across nodes times out. The interface that carries this rank's traffic
-to the master is one the other nodes can reach, by construction. Picking it also spares every rank gloo's
-DNS lookup of its own name.
+to the master is on the network the nodes share with it. Naming it also spares every rank gloo's DNS lookup
+of its own name.
 
 `GLOO_SOCKET_IFNAME` is gloo's own switch for this; slurmdist sets it only when the user has not.
 """
