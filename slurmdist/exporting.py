@@ -33,7 +33,8 @@ def torchrun_variables(env: DistEnv) -> Dict[str, str]:
 def export_env(env: DistEnv, environ: Optional[MutableMapping[str, str]] = None) -> Dict[str, str]:
     """Set torchrun's variables in `environ` (default `os.environ`); returns what was set.
 
-    This is the one place slurmdist writes the environment, and only when asked to.
+    Besides this call, made only when asked, slurmdist writes one variable: `init()` sets gloo's
+    GLOO_SOCKET_IFNAME when it is unset (see slurmdist.interfaces).
     """
     target = os.environ if environ is None else environ
     variables = torchrun_variables(env)

@@ -1,4 +1,5 @@
-"""`init()` / `shutdown()`: the only place slurmdist changes process state (device, process group, atexit).
+"""`init()` / `shutdown()`: the only place slurmdist changes process state (device, process group, atexit,
+and gloo's GLOO_SOCKET_IFNAME when unset).
 
 Order matters: everything that can be decided locally (launcher, backend, device) is decided and checked
 before any network wait, so a missing backend or a wrong device count fails in milliseconds, not after a
