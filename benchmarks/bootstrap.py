@@ -152,9 +152,10 @@ def mpirun_launch(ranks: int, extra: Dict[str, str]) -> Tuple[float, List[dict]]
     return wall, records_of(extra["BENCH_RESULT_DIR"], ranks)
 
 
-def run_launch(*options: str) -> Launch:
-    """A torchrun-style worker (`init_process_group()`, env://) under `srun slurmdist run OPTIONS --`."""
-    command = ("-m", "slurmdist", "run", *options, "--", sys.executable, str(WORKER), "torch")
+def run_launch(*options: str, worker: str = "torch") -> Launch:
+    """A worker under `srun slurmdist run OPTIONS --`: torchrun-style (`init_process_group()`, env://) by
+    default, or one calling `slurmdist.init()` (`worker="slurmdist"`)."""
+    command = ("-m", "slurmdist", "run", *options, "--", sys.executable, str(WORKER), worker)
     return lambda ranks, extra: srun_launch(ranks, extra, command=command)
 
 
@@ -163,6 +164,7 @@ BY_HAND = "by hand, no library + srun, MASTER_ADDR given"
 OURS_RUN = "torchrun-style script + srun slurmdist run"
 OURS_RUN_NO_STORE = "torchrun-style script + srun slurmdist run --no-store"
 OURS_ONE_NODE = "slurmdist + srun, one node"
+OURS_UNDER_RUN = "slurmdist + srun slurmdist run"
 LAUNCHES: Dict[str, Launch] = {
     OURS: srun_launch,
     OURS_RESOLVED: srun_master_launch,
@@ -171,6 +173,7 @@ LAUNCHES: Dict[str, Launch] = {
     BY_HAND: by_hand_launch,
     OURS_RUN: run_launch(),
     OURS_RUN_NO_STORE: run_launch("--no-store"),
+    OURS_UNDER_RUN: run_launch(worker="slurmdist"),
     TORCHRUN: torchrun_launch,
     "plain env:// (N processes)": env_launch,
     "slurmdist + mpirun": mpirun_launch,
@@ -283,7 +286,12 @@ EXPLANATION = [
     "starts, as torchrun's agent does (docs/init.md). `--no-store` is the same launch without that store "
     "host: the ranks that reach the store before rank 0 sit in torch's connect back-off. The store host "
     "imports torch beside the workers, which on 2 cores shows in the job wall time (torchrun's agent pays "
-    "the same).",
+    "the same), and in the per-rank time of a run where it is still importing when the workers enter: they "
+    "wait in the socket's backlog until it serves (torchrun's agent imports torch before it starts its "
+    "workers).",
+    "- **slurmdist + srun slurmdist run**: the `slurmdist.init()` worker under the same launch, so an agent "
+    "serves the store as under torchrun. Its distance to the torchrun-style row above is what `init()` itself "
+    "costs in every rank (mostly loading its modules) once the wait for rank 0's store is gone.",
     "- mpirun is Open MPI from PyPI; slurmdist reads its variables and takes rank 0's address over mpi4py only "
     "when the launch spans several nodes.",
 ]
@@ -325,7 +333,8 @@ def run(ctx: Context) -> Section:
 
 def phase_table(section: Section, ranks: int) -> None:
     """Where slurmdist's per-rank time goes (medians over ranks and runs), to say which phase to fix."""
-    columns = [name for name in (OURS, OURS_RESOLVED, OURS_ONE_NODE, "slurmdist + mpirun") if RESULTS.get((name, ranks)) and RESULTS[(name, ranks)].phases]
+    names = (OURS, OURS_RESOLVED, OURS_ONE_NODE, OURS_UNDER_RUN, "slurmdist + mpirun")
+    columns = [name for name in names if RESULTS.get((name, ranks)) and RESULTS[(name, ranks)].phases]
     if not columns:
         return
     labels: List[str] = []
