@@ -117,7 +117,7 @@ def _gloo_interface(env: DistEnv) -> Optional[str]:
         return None
     single_node = env.local_world_size == env.world_size
     master = env.master_addr  # resolved: a name that resolves, or Slurm's NodeAddr for one that does not
-    if not single_node and interfaces.packed(master) is None:  # a name: its first address
+    if not single_node and interfaces.ip_of(master) is None:  # a name: its first address
         master = next(iter(addresses(master, 5.0)), None)
     own_name = names_this_host(env.master_addr, socket.gethostname())
     return interfaces.gloo_interface_for_command(master, single_node, own_name)

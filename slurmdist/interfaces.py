@@ -12,15 +12,18 @@ of its own name.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import socket
 import sys
-from typing import Dict, Iterable, List, Mapping, Optional
+from typing import Dict, Iterable, List, Mapping, Optional, Union
 
 from .distenv import LOOPBACK
 from .errors import BackendError
 
 log = logging.getLogger("slurmdist")
+
+IPAddress = Union[ipaddress.IPv4Address, ipaddress.IPv6Address]
 
 GLOO_INTERFACE_VARIABLE = "GLOO_SOCKET_IFNAME"
 _SIOCGIFADDR = 0x8915  # Linux ioctl: the (first) IPv4 address of an interface
@@ -57,24 +60,26 @@ def interface_names() -> List[str]:
     return [name for _, name in socket.if_nameindex()]
 
 
-def packed(address: str) -> Optional[bytes]:
-    """An IPv4 or IPv6 address in network byte order (a zone such as `%eth0` ignored); None if it is none."""
-    bare = address.split("%")[0]
-    for family in (socket.AF_INET, socket.AF_INET6):
-        try:
-            return socket.inet_pton(family, bare)
-        except OSError:
-            continue
-    return None
+def ip_of(address: str) -> Optional[IPAddress]:
+    """`address` as an IP address (a zone such as `%eth0` ignored); None for a host name."""
+    try:
+        return ipaddress.ip_address(address.split("%")[0])
+    except ValueError:
+        return None
+
+
+def is_loopback(address: str) -> bool:
+    parsed = ip_of(address)
+    return parsed is not None and parsed.is_loopback
 
 
 def interface_holding(address: str, table: Mapping[str, List[bytes]]) -> Optional[str]:
     """The interface of `table` (name -> packed addresses) that carries `address`, if any."""
-    wanted_address = packed(address)
-    if wanted_address is None:
+    parsed = ip_of(address)
+    if parsed is None:
         return None
     for name, addresses in table.items():
-        if wanted_address in addresses:
+        if parsed.packed in addresses:
             return name
     return None
 
@@ -82,12 +87,13 @@ def interface_holding(address: str, table: Mapping[str, List[bytes]]) -> Optiona
 def source_address(destination: str) -> Optional[str]:
     """The local address the kernel sends from to reach the address `destination` (connecting a UDP socket
     sends nothing). None for a host name: looking it up here would only repeat the lookup the store made."""
-    if packed(destination) is None:
+    parsed = ip_of(destination)
+    if parsed is None:
         return None
-    family = socket.AF_INET6 if ":" in destination else socket.AF_INET
+    family = socket.AF_INET6 if parsed.version == 6 else socket.AF_INET
     try:
         with socket.socket(family, socket.SOCK_DGRAM) as udp:
-            udp.connect((destination.split("%")[0], 9))
+            udp.connect((str(parsed), 9))
             return udp.getsockname()[0]
     except OSError as exc:
         log.debug("no route from this host to %s: %s", destination, exc)
@@ -129,11 +135,6 @@ def interface_towards(destination: str) -> Optional[str]:
     if source is None:
         return None
     return interface_holding(source, interface_addresses())
-
-
-def is_loopback(address: str) -> bool:
-    raw = packed(address)
-    return raw is not None and (raw[0] == 127 if len(raw) == 4 else raw == socket.inet_pton(socket.AF_INET6, "::1"))
 
 
 def gloo_interface(reach: Optional[str], single_node: bool) -> Optional[str]:

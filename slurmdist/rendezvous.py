@@ -25,6 +25,7 @@ from typing import Any, Callable, Iterator, List, Mapping, Optional, Sequence, T
 
 from .distenv import LOOPBACK, DistEnv
 from .errors import RendezvousError
+from .interfaces import ip_of, is_loopback
 from .launchers import slurm
 
 log = logging.getLogger("slurmdist")
@@ -89,10 +90,7 @@ def lookup_form(host: str) -> Union[str, bytes]:
 
 
 def is_ipv6(host: str) -> bool:
-    try:
-        return isinstance(ipaddress.ip_address(strip_brackets(host).split("%")[0]), ipaddress.IPv6Address)
-    except ValueError:
-        return False
+    return isinstance(ip_of(strip_brackets(host)), ipaddress.IPv6Address)
 
 
 def hostport(host: Optional[str], port: Optional[int]) -> str:
@@ -211,7 +209,7 @@ def own_address(single_node: bool) -> str:
     name = socket.gethostname()
     found = addresses(name, 5.0)
     for address in found:
-        if not ipaddress.ip_address(address.split("%")[0]).is_loopback:
+        if not is_loopback(address):
             return address
     if single_node:
         return LOOPBACK
@@ -460,7 +458,8 @@ class Rendezvous:
 
     def master_reach(self) -> str:
         """The address other nodes reach the master's node at. A rank that took the loopback shortcut learns it
-        from the first rank of another node to check in, waiting for one within the store's timeout."""
+        from the ranks of other nodes, which publish it when they check in (it waits for one, within the
+        store's timeout)."""
         return self.reach if self.reach is not None else _get(self.store, self.keys.reach)
 
     def wait_all(self) -> None:

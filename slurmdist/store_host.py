@@ -28,6 +28,7 @@ from typing import Mapping, Optional, Sequence
 
 from .distenv import LOOPBACK, DistEnv
 from .rendezvous import agent_serves_store, port_in_use
+
 PARENT_POLL = 0.2  # seconds between checks that the command is still running
 LEFT_TO_THE_COMMAND = ("SIGINT", "SIGTERM", "SIGHUP", "SIGUSR1", "SIGUSR2")
 
