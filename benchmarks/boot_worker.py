@@ -26,12 +26,13 @@ import torch.distributed as dist  # noqa: E402
 # a phase whose function is gone is simply not reported).
 PHASES = {}
 PHASE_NAMES = (
-    ("detection", "detect", "launch detection (detect())"),
+    ("process_group", "detect", "launch detection (detect())"),
     ("process_group", "_choose_device", "backend and device choice"),
     ("rendezvous", "resolve_host", "master name resolution (DNS, else scontrol show node)"),
     ("rendezvous", "mpi_comm", "mpi4py import and MPI_Init"),
     ("rendezvous", "open_store", "store: host it / wait for it and join"),
     ("rendezvous.Rendezvous", "check_in", "check in at the store (arrival key and counter)"),
+    ("process_group", "_choose_gloo_interface", "gloo interface choice (with the wait for a remote rank's reach)"),
     ("process_group", "_init_group", "init_process_group on the store (gloo mesh)"),
 )
 
@@ -51,17 +52,26 @@ def _wrap(module, name, label):
     setattr(module, name, timed)
 
 
-def start_slurmdist():
-    start = time.perf_counter()
-    import slurmdist
-    from slurmdist import detection, process_group, rendezvous
+LOADING = "loading slurmdist's modules (before the timed part)"
 
-    PHASES["importing slurmdist's modules"] = time.perf_counter() - start
-    modules = {"detection": detection, "process_group": process_group, "rendezvous": rendezvous}
+
+def load_slurmdist():
+    """Import what `slurmdist.init()` runs on before the timed part, as this worker imports torch.distributed
+    for the torch starts: a script that writes `from slurmdist import init` loads them at that line."""
+    start = time.perf_counter()
+    from slurmdist import process_group, rendezvous
+
+    PHASES[LOADING] = time.perf_counter() - start
+    modules = {"process_group": process_group, "rendezvous": rendezvous}
     for dotted, name, label in PHASE_NAMES:
         module_name, _, attribute = dotted.partition(".")
         owner = modules[module_name]
         _wrap(getattr(owner, attribute) if attribute else owner, name, label)
+
+
+def start_slurmdist():
+    import slurmdist
+
     env = slurmdist.init()
     return env.rank, env.world_size, torch.device(env.device or "cpu"), slurmdist.shutdown
 
@@ -121,6 +131,8 @@ def wait_for_everyone(timeout: float = 600.0) -> None:
 
 def main() -> int:
     mode = sys.argv[1]
+    if mode == "slurmdist":
+        load_slurmdist()
     wait_for_everyone()
     imported = time.time()
     rank, world, device, stop = STARTS[mode]()

@@ -262,7 +262,10 @@ def _msm(value: Optional[Stats]) -> str:
 EXPLANATION = [
     "- **per rank**: each rank's time from entering `slurmdist.init()` / `init_process_group()` to its first "
     "all_reduce completing. Every rank enters together: the worker waits after importing torch until all ranks "
-    "have imported, so import skew (seconds on two busy cores) is left out.",
+    "have imported, so import skew (seconds on two busy cores) is left out. Each library's modules are loaded "
+    "before that point: the torch workers import torch.distributed, the slurmdist worker the modules `init()` "
+    "runs on, as `from slurmdist import init` does (their loading time is the phase table's first line; a "
+    "script that writes `import slurmdist` and calls `slurmdist.init()` pays it inside init instead).",
     "- **last rank in -> last rank done**: the same, for the job as a whole (from the last rank entering init).",
     "- **job wall time**: the launch command from start to exit, including interpreter start-up, importing "
     "torch (the bulk of it here), the launcher's own work and teardown. For srun it includes Slurm allocating "
@@ -277,10 +280,11 @@ EXPLANATION = [
     "slurmdist's own cost.",
     "- **why `slurmdist.init()` is above torchrun per rank**: torchrun's agent did the rendezvous and started "
     "the store before its workers existed, so a worker's `init_process_group()` only joins a listening store "
-    "and builds the gloo mesh. `init()` does that work itself, in every rank: it loads its own modules (the "
-    "largest phase below), reads the launch, rank 0 starts the store and every rank checks in. Here 4-8 ranks "
-    "share 2 cores, so each millisecond of CPU one rank spends costs every rank 2-4 ms. What slurmdist "
-    "shortens is the launch as a whole (job wall time): no agent process and no separate rendezvous round.",
+    "and builds the gloo mesh. `init()` does that work itself, in every rank: it reads the launch, rank 0 "
+    "starts the store while the others wait for it to listen, and every rank checks in. The by-hand row, "
+    "which does only the store part, is already above torchrun. Here 4-8 ranks share 2 cores, so each "
+    "millisecond of CPU one rank spends costs every rank 2-4 ms. What slurmdist shortens is the launch as a "
+    "whole (job wall time): no agent process and no separate rendezvous round.",
     "- **torchrun-style script + srun slurmdist run**: the torch worker (`init_process_group()` over env://, "
     "as under torchrun) started by `srun slurmdist run`, whose rank 0 serves the store from before the command "
     "starts, as torchrun's agent does (docs/init.md). `--no-store` is the same launch without that store "
@@ -291,7 +295,8 @@ EXPLANATION = [
     "workers).",
     "- **slurmdist + srun slurmdist run**: the `slurmdist.init()` worker under the same launch, so an agent "
     "serves the store as under torchrun. Its distance to the torchrun-style row above is what `init()` itself "
-    "costs in every rank (mostly loading its modules) once the wait for rank 0's store is gone.",
+    "costs in every rank (reading the launch, choosing backend, device and interface, checking in) once the "
+    "wait for rank 0's store is gone.",
     "- mpirun is Open MPI from PyPI; slurmdist reads its variables and takes rank 0's address over mpi4py only "
     "when the launch spans several nodes.",
 ]
@@ -349,8 +354,9 @@ def phase_table(section: Section, ranks: int) -> None:
             cells.append(seconds(Stats(tuple(values)).median))
         rows.append([label, *cells])
     section.add(f"Where slurmdist's per-rank time goes at {ranks} ranks (median over ranks and runs; the "
-                "worker times slurmdist's internal steps by wrapping them; the total also holds the first "
-                "all_reduce and waiting for the slowest rank):", "")
+                "worker times slurmdist's internal steps by wrapping them; the total is the per-rank figure, "
+                "which also holds the first all_reduce and waiting for the slowest rank, and not the loading "
+                "line, which comes before it):", "")
     section.add(*table(["phase", *columns], rows), "")
 
 

@@ -19,6 +19,7 @@ from datetime import timedelta
 from typing import Any, Iterator, Mapping, Optional
 
 from . import backends, devices, interfaces, rendezvous
+from .detection import detect
 from .distenv import DistEnv
 from .errors import SlurmdistError
 
@@ -47,8 +48,6 @@ def init(
         if _state["env"] is not None:
             warnings.warn("slurmdist.init() was already called; returning the existing environment", stacklevel=2)
             return _state["env"]
-        from .detection import detect
-
         environ = os.environ if environ is None else environ
         started = time.monotonic()
         deadline = rendezvous.Deadline(rendezvous.init_timeout(timeout, environ))
@@ -213,8 +212,6 @@ def is_main() -> bool:
     env = _state["env"]
     if env is not None:
         return env.is_main
-    from .detection import detect
-
     return detect().is_main
 
 

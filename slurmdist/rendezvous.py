@@ -120,7 +120,10 @@ def _call_with_timeout(function: Callable[[], Any], timeout: float, what: str) -
 
 
 def addresses(host: str, timeout: float = 10.0) -> List[str]:
-    """The IP addresses a name resolves to (empty when it does not resolve in time)."""
+    """The IP addresses a name resolves to (empty when it does not resolve in time). An IP address is its own
+    answer: no lookup thread for the common MASTER_ADDR=10.0.0.1."""
+    if ip_of(strip_brackets(host)) is not None:
+        return [strip_brackets(host)]
     try:
         infos = _call_with_timeout(
             lambda: socket.getaddrinfo(lookup_form(host), None, type=socket.SOCK_STREAM), timeout, "resolve"

@@ -12,8 +12,8 @@ from slurmdist.distenv import DistEnv
 from slurmdist.errors import LaunchError, RendezvousError
 from slurmdist.launchers.slurm import hostfile_first_host
 from slurmdist.rendezvous import (
-    Deadline, compress_ranks, connect, hostfile_master, hostport, init_timeout, names_this_host, resolve_host,
-    resolve_master, run_prefix, strip_brackets,
+    Deadline, addresses, compress_ranks, connect, hostfile_master, hostport, init_timeout, names_this_host,
+    resolve_host, resolve_master, run_prefix, strip_brackets,
 )
 from tests.conftest import load_case
 
@@ -56,6 +56,18 @@ def test_resolve_host():
     assert resolve_host("[::1]", {}) == "::1"
     with pytest.raises(RendezvousError, match="'no-such-node.invalid' does not resolve"):
         resolve_host("no-such-node.invalid", {"PATH": ""})  # no scontrol either
+
+
+@pytest.mark.parametrize(
+    "literal, answer", [("10.0.0.1", "10.0.0.1"), ("[fd00::7]", "fd00::7"), ("fe80::1%lo", "fe80::1%lo")]
+)
+def test_an_ip_address_resolves_to_itself_without_a_lookup(monkeypatch, literal, answer):
+    def no_lookup(*args, **kwargs):
+        raise AssertionError("an IP literal needs no getaddrinfo")
+
+    monkeypatch.setattr(socket, "getaddrinfo", no_lookup)
+    assert addresses(literal) == [answer]
+    assert resolve_host(literal, {"PATH": ""}) == answer
 
 
 def test_run_prefix_separates_steps_restarts_and_calls():
