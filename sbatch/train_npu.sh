@@ -41,7 +41,7 @@ mkdir -p "$TRAIN_DIR"
 echo "job $SLURM_JOB_ID: $SLURM_NNODES nodes ($SLURM_JOB_NODELIST), $SLURM_NTASKS tasks on NPUs"
 
 # --backend hccl: fail at once with a clear message if torch_npu is missing, instead of training on CPU.
-# slurmdist picks the NPU from SLURM_LOCALID (and ASCEND_RT_VISIBLE_DEVICES if Slurm restricted it).
+# slurmdist picks the NPU by SLURM_LOCALID among the NPUs the task sees (after ASCEND_RT_VISIBLE_DEVICES).
 srun --kill-on-bad-exit=1 "$PYTHON" examples/train.py \
     --backend hccl \
     --steps "$TRAIN_STEPS" \

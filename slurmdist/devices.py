@@ -1,8 +1,8 @@
 """Which accelerator ordinal a process uses: pure functions over the environment and a device count.
 
 The count comes from torch, which already honours `CUDA_VISIBLE_DEVICES` / `ASCEND_RT_VISIBLE_DEVICES`; the
-environment tells whether Slurm narrowed visibility per task (`--gpus-per-task`, `--gpu-bind=per_task`), in
-which case each task's own device is ordinal 0 whatever its local rank. slurmdist reads these variables and
+environment tells whether Slurm narrowed visibility to an srun task's own GPUs (`--gpus-per-task`,
+`--gpu-bind=per_task`), in which case that task's device is ordinal 0 whatever its local rank. slurmdist reads these variables and
 never writes them: a visibility variable belongs to the user and the scheduler.
 """
 
@@ -32,31 +32,27 @@ class DevicePlan(NamedTuple):
         return None if self.index is None else (self.index,)
 
 
-def visible_list(environ: Mapping[str, str], device_type: str) -> Optional[list]:
-    """The entries of the visibility variable, or None when it is unset."""
-    value = environ.get(VISIBILITY_VARIABLE.get(device_type, ""))
-    if value is None:
-        return None
-    return [item for item in value.split(",") if item.strip()]
-
-
-def narrowed_per_task(environ: Mapping[str, str], device_type: str, device_count: int) -> bool:
+def narrowed_per_task(environ: Mapping[str, str], device_type: str, device_count: int, task_is_rank: bool) -> bool:
     """True when Slurm left this task only its own devices, so local rank must not pick among them.
 
-    Evidence: the step owns more GPUs on this node (`SLURM_STEP_GPUS`, or `SLURM_GPUS_ON_NODE`) than this task
-    sees, or `--gpus-per-task=N` (`SLURM_GPUS_PER_TASK`, which implies `--gpu-bind=per_task:N`) and exactly N
-    are visible.
+    Only an srun task that is itself a rank (`task_is_rank`) can be narrowed for itself: the ranks torchrun or
+    mpirun start inside one task share what it sees. Evidence: `--gpus-per-task=N` (`SLURM_GPUS_PER_TASK`,
+    which implies `--gpu-bind=per_task:N`) and exactly N visible, or a single visible GPU where the step owns
+    more on this node (`SLURM_STEP_GPUS`, `SLURM_GPUS_ON_NODE`). Several visible GPUs without
+    `--gpus-per-task` (e.g. `--gpu-bind=closest`) may be shared with other tasks: local rank picks among them.
     """
-    if device_type != "cuda":
+    if device_type != "cuda" or not task_is_rank:
+        return False
+    per_task = environ.get("SLURM_GPUS_PER_TASK", "").rpartition(":")[2]  # "2" or "a100:2"
+    if per_task.isdigit() and int(per_task) == device_count:
+        return True
+    if device_count != 1:
         return False
     step_gpus = environ.get("SLURM_STEP_GPUS") or environ.get("SLURM_JOB_GPUS")
-    if step_gpus is not None and len([g for g in step_gpus.split(",") if g.strip()]) > device_count:
+    if step_gpus is not None and len([g for g in step_gpus.split(",") if g.strip()]) > 1:
         return True
     on_node = environ.get("SLURM_GPUS_ON_NODE", "")
-    if on_node.isdigit() and int(on_node) > device_count:
-        return True
-    per_task = environ.get("SLURM_GPUS_PER_TASK", "").rpartition(":")[2]  # "2" or "a100:2"
-    return per_task.isdigit() and int(per_task) == device_count
+    return on_node.isdigit() and int(on_node) > 1
 
 
 def share_requested(environ: Mapping[str, str]) -> bool:
@@ -70,6 +66,7 @@ def device_ordinal(
     device_count: int,
     environ: Mapping[str, str],
     share: Optional[bool] = None,
+    task_is_rank: bool = False,
 ) -> int:
     """The ordinal (within what this process sees) that local rank `local_rank` should bind.
 
@@ -83,7 +80,7 @@ def device_ordinal(
             f"no {device_type} device is visible to local rank {local_rank} ({variable}={shown!r}); ask the "
             "scheduler for devices (srun --gpus-per-task=1) or run on the CPU with backend='gloo'"
         )
-    if narrowed_per_task(environ, device_type, device_count):
+    if narrowed_per_task(environ, device_type, device_count, task_is_rank):
         return 0
     if local_rank < device_count:
         return local_rank
@@ -104,8 +101,10 @@ def plan(
     device_count: int,
     environ: Mapping[str, str],
     index: Optional[int] = None,
+    task_is_rank: bool = False,
 ) -> DevicePlan:
-    """The device for this process: CPU has no index; an explicit `index` wins over the local-rank rule."""
+    """The device for this process: CPU has no index; an explicit `index` wins over the local-rank rule.
+    `task_is_rank`: this process is an srun task of its own (see `narrowed_per_task`)."""
     if device_type == "cpu":
         return DevicePlan("cpu", None)
     if index is not None:
@@ -115,7 +114,8 @@ def plan(
                 f"({VISIBILITY_VARIABLE[device_type]}={environ.get(VISIBILITY_VARIABLE[device_type])!r})"
             )
         return DevicePlan(device_type, index)
-    ordinal = device_ordinal(device_type, local_rank, local_world_size, device_count, environ)
+    ordinal = device_ordinal(device_type, local_rank, local_world_size, device_count, environ,
+                             task_is_rank=task_is_rank)
     return DevicePlan(device_type, ordinal)
 
 

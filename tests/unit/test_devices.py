@@ -11,7 +11,8 @@ from slurmdist.errors import BackendError
 
 def ordinal(environ, count, **kw):
     env = detect(environ)
-    return device_ordinal("cuda", env.local_rank, env.local_world_size, count, environ, **kw)
+    return device_ordinal("cuda", env.local_rank, env.local_world_size, count, environ,
+                          task_is_rank=env.launcher == "slurm", **kw)
 
 
 def test_gpus_per_node_picks_by_local_rank(case):
@@ -23,13 +24,59 @@ def test_gpus_per_task_leaves_each_task_ordinal_zero(case):
     # --gpus-per-task=1: the step owns two GPUs on the node, each task sees only its own.
     for index, task in enumerate(case("slurm/srun_gpus_per_node2")):
         narrowed = {**task, "CUDA_VISIBLE_DEVICES": str(index % 2), "SLURM_GPUS_PER_TASK": "1"}
-        assert narrowed_per_task(narrowed, "cuda", 1)
+        assert narrowed_per_task(narrowed, "cuda", 1, task_is_rank=True)
         assert ordinal(narrowed, 1) == 0
 
 
 def test_step_gpus_longer_than_visible_means_narrowed(case):
     task = {**case("slurm/srun_gpus_per_node2")[1], "CUDA_VISIBLE_DEVICES": "1"}
     assert ordinal(task, 1) == 0
+
+
+def test_captured_gpus_per_task_launch_gives_every_task_ordinal_zero(case):
+    tasks = case("slurm/srun_N2_tpn2_gpus_per_task1")
+    assert [ordinal({**t, "CUDA_VISIBLE_DEVICES": "0"}, 1) for t in tasks] == [0] * len(tasks)
+
+
+def test_gpus_per_task_n_owned_by_the_task_is_ordinal_zero(case):
+    # --ntasks-per-node=2 --gpus-per-task=2 on a 4-GPU node: each task sees its own two.
+    task = {**case("slurm/srun_N2_tpn2")[1], "SLURM_GPUS_PER_TASK": "2", "CUDA_VISIBLE_DEVICES": "2,3"}
+    assert ordinal(task, 2) == 0
+
+
+def torchrun_child(case, local_rank, nproc):
+    """The captured torchrun --standalone rank, renumbered as local rank `local_rank` of `nproc`."""
+    captured = case("torchrun/standalone_np4")[0]
+    numbers = {"RANK": local_rank, "LOCAL_RANK": local_rank, "ROLE_RANK": local_rank, "WORLD_SIZE": nproc,
+               "LOCAL_WORLD_SIZE": nproc, "ROLE_WORLD_SIZE": nproc}
+    return {**captured, **{name: str(value) for name, value in numbers.items()}}
+
+
+def test_torchrun_ranks_inside_one_narrowed_task_pick_by_local_rank(case):
+    # srun --ntasks-per-node=1 --gpus-per-task=4 torchrun --nproc-per-node=4: the four ranks share the
+    # task's four GPUs, so ordinal 0 for all of them would stack them on one GPU.
+    slurm_task = case("slurm/srun_gpus_per_node2")[0]
+    for local_rank in range(4):
+        child = torchrun_child(case, local_rank, 4)
+        environ = {**slurm_task, **child, "SLURM_GPUS_PER_TASK": "4", "SLURM_GPUS_ON_NODE": "4",
+                   "CUDA_VISIBLE_DEVICES": "0,1,2,3"}
+        assert detect(environ).launcher == "torchrun"
+        assert ordinal(environ, 4) == local_rank
+
+
+def test_torchrun_on_part_of_a_nodes_gpus_picks_by_local_rank(case):
+    # CUDA_VISIBLE_DEVICES=0,1 torchrun --nproc-per-node=2 inside a job that owns four GPUs on the node.
+    slurm_task = {**case("slurm/srun_gpus_per_node2")[0], "SLURM_STEP_GPUS": "0,1,2,3", "SLURM_GPUS_ON_NODE": "4"}
+    for local_rank in range(2):
+        environ = {**slurm_task, **torchrun_child(case, local_rank, 2), "CUDA_VISIBLE_DEVICES": "0,1"}
+        assert ordinal(environ, 2) == local_rank
+
+
+def test_tasks_sharing_several_gpus_pick_by_local_rank_not_all_zero(case):
+    # --gpu-bind=closest: two tasks see the same two GPUs of their socket; both on ordinal 0 would share one.
+    first, second = case("slurm/srun_N2_tpn2")[:2]
+    shared = {"CUDA_VISIBLE_DEVICES": "0,1", "SLURM_GPUS_ON_NODE": "4"}
+    assert [ordinal({**t, **shared}, 2) for t in (first, second)] == [0, 1]
 
 
 def test_more_tasks_than_devices_is_an_error_naming_the_variable(case):
