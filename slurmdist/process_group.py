@@ -1,5 +1,5 @@
 """`init()` / `shutdown()`: the only place slurmdist changes process state (device, process group, atexit,
-and gloo's GLOO_SOCKET_IFNAME when unset).
+gloo's GLOO_SOCKET_IFNAME when unset, and Open MPI's OMPI_MCA_btl when it starts MPI itself).
 
 Order matters: everything that can be decided locally (launcher, backend, device) is decided and checked
 before any network wait, so a missing backend or a wrong device count fails in milliseconds, not after a
@@ -29,7 +29,7 @@ COLLECTIVE_TIMEOUT_VARIABLE = "SLURMDIST_COLLECTIVE_TIMEOUT"
 DEFAULT_COLLECTIVE_TIMEOUT = 1800.0  # torch's own default for gloo; a stuck collective still ends
 
 _lock = threading.Lock()
-_state: dict = {"env": None, "store": None, "generation": 0, "atexit": False, "owned": False}
+_state: dict = {"env": None, "store": None, "generation": 0, "atexit": False, "owned": False, "interface": None}
 
 
 def init(
@@ -51,12 +51,16 @@ def init(
         environ = os.environ if environ is None else environ
         started = time.monotonic()
         deadline = rendezvous.Deadline(rendezvous.init_timeout(timeout, environ))
-        env = detect(environ)
-        env = _choose_device(env, backend, device, environ)
-        _check_gloo_interface(env, environ)
-        env = _start_group(env, deadline, environ)
+        try:
+            env = detect(environ)
+            env = _choose_device(env, backend, device, environ)
+            _check_gloo_interface(env, environ)
+            env = _start_group(env, deadline, environ)
+        finally:
+            # Every call meets under keys of its own, a retry after a failure too: a store that an agent keeps
+            # serving still holds the failed attempt's verdict and arrival count.
+            _state["generation"] += 1
         _state["env"] = env
-        _state["generation"] += 1
         if not _state["atexit"]:
             atexit.register(_shutdown_at_exit)
             _state["atexit"] = True
@@ -77,7 +81,8 @@ def _choose_device(env: DistEnv, backend: str, device: Any, environ: Mapping[str
     device_type, index = backends.split_device(device)
     choice = backends.choose(backend, backends.probe(backend), device_type)
     count = devices.device_count(choice.device_type) if choice.device_type != "cpu" else 0
-    plan = devices.plan(choice.device_type, env.local_rank, env.local_world_size, count, environ, index)
+    plan = devices.plan(choice.device_type, env.local_rank, env.local_world_size, count, environ, index,
+                        task_is_rank=env.launcher == "slurm")
     return env.replace(device=devices.bind(plan), device_ids=plan.device_ids, backend=choice.backend)
 
 
@@ -136,6 +141,7 @@ def _choose_gloo_interface(meeting: rendezvous.Rendezvous, environ: Mapping[str,
         log.debug("rank %d: no interface towards the master found; gloo picks its own", env.rank)
         return
     os.environ[interfaces.GLOO_INTERFACE_VARIABLE] = name
+    _state["interface"] = name  # shutdown() takes it back, so a later init() chooses afresh
 
 
 def _init_group(
@@ -176,6 +182,9 @@ def shutdown() -> None:
         if dist.is_initialized() and _state["owned"]:
             dist.destroy_process_group()
         _state["store"] = None
+        chosen, _state["interface"] = _state["interface"], None
+        if chosen is not None and os.environ.get(interfaces.GLOO_INTERFACE_VARIABLE) == chosen:
+            del os.environ[interfaces.GLOO_INTERFACE_VARIABLE]
 
 
 def _shutdown_at_exit() -> None:

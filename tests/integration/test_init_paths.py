@@ -40,6 +40,18 @@ def test_torchrun_standalone():
     assert {r["gloo_interface"] for r in found} == {"lo"}  # one node: loopback, with no name lookup
 
 
+def test_shutdown_then_init_again_forms_a_second_group_under_fresh_keys():
+    # torchrun's agent keeps serving the store between the two groups, as it does across restarts.
+    environ = {**clean_environ(), "ALLREDUCE_TWICE": "1"}
+    result = run([tool("torchrun"), "--standalone", "--nproc_per_node=2", ALLREDUCE], environ)
+    assert result.returncode == 0, result.stderr
+    found = check_allreduce(result.stdout, 2, launcher="torchrun")
+    for record in found:
+        assert record["sum_again"] == record["expected"]
+        assert record["gloo_interface_after_shutdown"] is None  # slurmdist's own choice is taken back
+        assert record["gloo_interface_again"] == "lo"
+
+
 def test_a_gloo_interface_the_user_chose_is_kept():
     procs = start_ranks(range(2), 2, free_port(), GLOO_SOCKET_IFNAME="lo,lo")  # two gloo devices, not our "lo"
     found = check_allreduce("".join(r.stdout for r in finish(procs)), 2)

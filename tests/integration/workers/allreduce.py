@@ -1,6 +1,7 @@
 """Worker the integration tests launch: init, one all_reduce, one JSON line on stdout.
 
 `python allreduce.py [slurmdist|plain] [BACKEND]`: `plain` is torch's own env:// start, for comparison.
+With ALLREDUCE_TWICE=1 a slurmdist rank also shuts down and forms the group a second time.
 """
 
 import json
@@ -38,6 +39,14 @@ def main() -> int:
         "host": os.uname().nodename,
         "gloo_interface": os.environ.get("GLOO_SOCKET_IFNAME"),
     }
+    if mode != "plain" and os.environ.get("ALLREDUCE_TWICE") == "1":
+        slurmdist.shutdown()
+        record["gloo_interface_after_shutdown"] = os.environ.get("GLOO_SOCKET_IFNAME")
+        slurmdist.init(sys.argv[2] if len(sys.argv) > 2 else "auto")
+        again = torch.tensor([float(rank + 1)])
+        dist.all_reduce(again)
+        record["sum_again"] = again.item()
+        record["gloo_interface_again"] = os.environ.get("GLOO_SOCKET_IFNAME")
     print(json.dumps(record), flush=True)
     if mode == "plain":
         dist.destroy_process_group()
