@@ -128,7 +128,7 @@ def _run(args: argparse.Namespace) -> int:
     from .detection import detect
     from .exporting import torchrun_variables
     from .interfaces import GLOO_INTERFACE_VARIABLE
-    from .rendezvous import AGENT_STORE_VARIABLE, resolve_master
+    from .rendezvous import AGENT_STORE_VARIABLE, RESTART_COUNT_VARIABLE, resolve_master
 
     command = list(args.command)
     if command and command[0] == "--":
@@ -137,8 +137,10 @@ def _run(args: argparse.Namespace) -> int:
         raise SlurmdistError("slurmdist run needs a command: `slurmdist run -- python train.py ARGS...`")
     # Always resolved, not only when detect() left it open: the command's own env:// start (torch's TCPStore)
     # cannot fall back to Slurm's NodeAddr when node names are not in DNS, and would retry until its timeout.
-    env = resolve_master(detect(), timeout=args.timeout)
+    # Copied before resolve_master: over MPI it may set OMPI_MCA_btl for its own MPI_Init, which must not
+    # reach the command's MPI.
     child_env: Dict[str, str] = dict(os.environ)
+    env = resolve_master(detect(), timeout=args.timeout)
     child_env.update(torchrun_variables(env))
     interface = _gloo_interface(env)
     if interface is not None:
@@ -147,6 +149,8 @@ def _run(args: argparse.Namespace) -> int:
         if env.rank == 0:
             store_host.start(store_host.listen(env.master_port), env.world_size)
         child_env[AGENT_STORE_VARIABLE] = "True"
+        # Older torch releases read the agent's restart count next to that switch and fail without it.
+        child_env.setdefault(RESTART_COUNT_VARIABLE, "0")
     try:
         # exec, not a child process: Slurm's signals (preemption, time limit) reach the command directly.
         os.execvpe(command[0], command, child_env)
@@ -155,6 +159,9 @@ def _run(args: argparse.Namespace) -> int:
         return 127
     except PermissionError:
         print(f"slurmdist: error: command is not executable: {command[0]!r}", file=sys.stderr)
+        return 126
+    except OSError as exc:  # ENOEXEC (a script without #!), E2BIG, ...
+        print(f"slurmdist: error: cannot run {command[0]!r}: {exc.strerror or exc}", file=sys.stderr)
         return 126
     return 0  # pragma: no cover - execvpe does not return
 

@@ -24,9 +24,10 @@ import subprocess
 import sys
 import time
 from datetime import timedelta
-from typing import Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 from .distenv import LOOPBACK, DistEnv
+from .errors import RendezvousError
 from .rendezvous import agent_serves_store, port_in_use
 
 PARENT_POLL = 0.2  # seconds between checks that the command is still running
@@ -54,7 +55,8 @@ def listen(port: int) -> socket.socket:
     except OSError as exc:
         if exc.errno == errno.EADDRINUSE:
             raise port_in_use(port, f"*:{port}", "slurmdist run on rank 0") from None
-        raise
+        raise RendezvousError(f"slurmdist run on rank 0 cannot listen on MASTER_PORT={port}: {exc.strerror or exc} "
+                              "(ports below 1024 need root); set MASTER_PORT to a free port above 1024") from None
 
 
 def start(listener: socket.socket, world_size: int) -> None:
@@ -78,12 +80,27 @@ def serve(fd: int, port: int, world_size: int, parent: int, poll: float = PARENT
         signal.signal(getattr(signal, name), signal.SIG_IGN)
     import torch.distributed as dist
 
-    store = dist.TCPStore(LOOPBACK, port, world_size, True, timedelta(seconds=60), wait_for_workers=False,
-                          master_listen_fd=fd)
+    store = open_on_socket(dist, fd, port, world_size)
     while os.getppid() == parent:
         time.sleep(poll)
     del store
     return 0
+
+
+def open_on_socket(dist: Any, fd: int, port: int, world_size: int) -> Any:
+    """A TCPStore server on the listening socket `fd`. torch's libuv server takes a socket only from torch
+    2.8 on (earlier ones raise "does not support initialization with an listen fd"): those get the classic
+    server, which always could."""
+    def serve_with(**backend: bool) -> Any:
+        return dist.TCPStore(LOOPBACK, port, world_size, True, timedelta(seconds=60), wait_for_workers=False,
+                             master_listen_fd=fd, **backend)
+
+    try:
+        return serve_with()
+    except (NotImplementedError, RuntimeError) as exc:
+        if "listen fd" not in str(exc):
+            raise
+        return serve_with(use_libuv=False)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

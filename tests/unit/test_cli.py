@@ -102,6 +102,15 @@ def test_run_reports_a_missing_command():
     assert result.returncode == 127 and "no-such-command-xyz" in result.stderr
 
 
+def test_run_reports_a_command_the_kernel_cannot_execute(tmp_path):
+    script = tmp_path / "train.sh"
+    script.write_text("echo no interpreter line\n")
+    script.chmod(0o755)
+    result = slurmdist("run", "--", str(script), environ=clean_environ())
+    assert result.returncode == 126 and "Exec format error" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+
+
 def test_hostlist_subcommand():
     environ = clean_environ()
     assert slurmdist("hostlist", "expand", "n[1-3]", environ=environ).stdout.split() == ["n1", "n2", "n3"]
