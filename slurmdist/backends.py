@@ -160,9 +160,16 @@ def _checked(choice: BackendChoice, caps: Capabilities) -> BackendChoice:
         raise BackendError(
             f"backend {choice.backend!r} needs a {choice.device_type} device but this process sees none; "
             f"check that the job asked for devices (srun --gpus-per-task / --gres) and that {variable} is "
-            "not empty, or pass backend='gloo'"
+            f"not empty, or {_cpu_advice(choice)}"
         )
     return choice
+
+
+def _cpu_advice(choice: BackendChoice) -> str:
+    """How to run without the missing device: drop `device=` when gloo was already the backend."""
+    if choice.backend == "gloo":
+        return f"leave out device={choice.device_type!r} (or pass device='cpu') to run gloo on the CPU"
+    return "pass backend='gloo' to run on the CPU"
 
 
 def split_device(device: Any) -> "tuple[Optional[str], Optional[int]]":

@@ -120,9 +120,20 @@ def read_text(environ: Mapping[str, str], name: str) -> Optional[str]:
     return raw.strip()
 
 
+MAX_PORT = 65535
+
+
 def explicit_master(environ: Mapping[str, str]) -> Tuple[Optional[str], Optional[int]]:
     """MASTER_ADDR and MASTER_PORT when set: whatever the launcher, what the user exported wins."""
-    return read_text(environ, "MASTER_ADDR"), read_count(environ, "MASTER_PORT", minimum=1)
+    port = read_count(environ, "MASTER_PORT", minimum=1)
+    if port is not None and port > MAX_PORT:
+        raise LaunchError(
+            f"MASTER_PORT={environ['MASTER_PORT']!r} is outside 1..{MAX_PORT}: set it to a free TCP port, or "
+            "unset it and let slurmdist derive one",
+            "MASTER_PORT",
+            environ["MASTER_PORT"],
+        )
+    return read_text(environ, "MASTER_ADDR"), port
 
 
 def scheduler_job_id(environ: Mapping[str, str]) -> Optional[str]:

@@ -36,6 +36,7 @@ TIMEOUT_VARIABLE = "SLURMDIST_INIT_TIMEOUT"
 # torch's switch for "an agent serves the store at MASTER_ADDR:MASTER_PORT": every rank, rank 0 too, joins it.
 # torchrun sets it, and so does `slurmdist run` when its store host serves the store.
 AGENT_STORE_VARIABLE = "TORCHELASTIC_USE_AGENT_STORE"
+RESTART_COUNT_VARIABLE = "TORCHELASTIC_RESTART_COUNT"
 VERDICT_GRACE = 5.0  # how long a rank waits for another rank's timeout report before writing its own
 # Seconds between connection attempts to a store not yet listening: ranks usually start within a few ms of
 # rank 0, so the first retries are short (a refused connect costs microseconds).
@@ -63,14 +64,19 @@ def init_timeout(timeout: Optional[float], environ: Mapping[str, str]) -> float:
     return positive_seconds(TIMEOUT_VARIABLE, environ.get(TIMEOUT_VARIABLE, DEFAULT_TIMEOUT), RendezvousError)
 
 
+# A bound beyond this is a typo or `inf`, and torch's timedelta cannot hold much more (OverflowError).
+MAX_SECONDS = 365 * 24 * 3600.0
+
+
 def positive_seconds(source: str, value: Any, error: Callable[[str], Exception]) -> float:
     """`value` (an argument or a variable's text) as a positive number of seconds; `error` names `source`."""
     try:
         seconds = float(value)
     except (TypeError, ValueError):
         raise error(f"{source}={value!r} is not a number of seconds") from None
-    if not seconds > 0:
-        raise error(f"{source}={value!r} must be a positive number of seconds")
+    if not 0 < seconds <= MAX_SECONDS:
+        raise error(f"{source}={value!r} must be a positive number of seconds, at most {MAX_SECONDS:.0f} "
+                    "(a year)")
     return seconds
 
 
@@ -227,8 +233,9 @@ def own_address(single_node: bool) -> str:
 
 
 def free_port() -> int:
-    """A port nobody listens on right now (the kernel's choice). Used only where the store cannot be opened
-    on port 0 directly, that is when another process (the CLI's child) will listen on it."""
+    """A port nobody listens on right now (the kernel's choice): for the CLI, whose command will listen on
+    it, and for one process, which has no store to open on port 0. Launches of several ranks take the port
+    their launcher names or slurmdist.ports derives instead."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("", 0))
         return sock.getsockname()[1]
@@ -428,7 +435,7 @@ def run_prefix(env: DistEnv, environ: Mapping[str, str], generation: int) -> str
         env.job_id or "nojob",
         (slurm.step_id(environ) or "") if env.launcher == "slurm" else "",
         environ.get("TORCHELASTIC_RUN_ID", ""),
-        environ.get("TORCHELASTIC_RESTART_COUNT", ""),
+        environ.get(RESTART_COUNT_VARIABLE, ""),
         str(generation),
     ]
     return "slurmdist/" + "/".join(part or "-" for part in parts)
@@ -482,7 +489,7 @@ class Rendezvous:
         """Agree on what went wrong with the other present ranks, then raise it as a `RendezvousError`."""
         with self._store_errors(cause):
             if self.store.add(self.keys.reporter, 1) == 1:
-                self.store.compare_set(self.keys.verdict, "", self._missing_text(cause))
+                self.store.compare_set(self.keys.verdict, "", self._missing_text())
             else:
                 self._wait_for_report()
             verdict = _get(self.store, self.keys.verdict)
@@ -500,7 +507,7 @@ class Rendezvous:
             f"reach {self.where}; raise {TIMEOUT_VARIABLE} if they are only slow"
         ) from None
 
-    def _missing_text(self, cause: Optional[BaseException]) -> str:
+    def _missing_text(self) -> str:
         missing = [r for r in range(self.env.world_size) if not self.store.check([self.keys.arrived(r)])]
         if not missing:
             return "every rank arrived"

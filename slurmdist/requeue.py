@@ -110,7 +110,12 @@ def requeue_limit(value: Optional[int], environ: Mapping[str, str]) -> int:
     if value is not None:
         return value
     raw = environ.get(MAX_REQUEUES_VARIABLE, "").strip()
-    return int(raw) if raw.isdigit() else DEFAULT_MAX_REQUEUES
+    if not raw:
+        return DEFAULT_MAX_REQUEUES
+    if not raw.isdigit():
+        raise RequeueError(f"{MAX_REQUEUES_VARIABLE}={raw!r} is not a whole number of requeues; set it to 0 or "
+                           f"more, or unset it for the default {DEFAULT_MAX_REQUEUES}")
+    return int(raw)
 
 
 def plan(environ: Mapping[str, str], limit: int) -> Plan:

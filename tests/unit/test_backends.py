@@ -66,3 +66,12 @@ def test_split_device():
     assert split_device("cpu") == ("cpu", None)
     with pytest.raises(BackendError):
         split_device("tpu")
+
+
+def test_asking_for_a_missing_device_gives_advice_that_works():
+    # auto with device='cuda' on a CPU machine chose gloo already: "pass backend='gloo'" would change nothing.
+    with pytest.raises(BackendError, match="sees none") as auto:
+        choose("auto", CPU, "cuda")
+    assert "backend='gloo'" not in str(auto.value) and "device='cpu'" in str(auto.value)
+    with pytest.raises(BackendError, match="pass backend='gloo'"):
+        choose("nccl", CUDA._replace(cuda_devices=0), None)

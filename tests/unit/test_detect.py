@@ -239,7 +239,7 @@ CONTRADICTIONS = [
     ({"SLURM_STEP_TASKS_PER_NODE": "two"}, "SLURM_STEP_TASKS_PER_NODE"),
     ({"SLURM_STEP_NODELIST": "node[2-1]"}, "SLURM_STEP_NODELIST"),
     ({"SLURM_STEP_NODELIST": "node[1-3]"}, "SLURM_STEP_NODELIST"),
-    ({"MASTER_PORT": "70000"}, "port"),
+    ({"MASTER_PORT": "70000"}, "MASTER_PORT"),
     ({"MASTER_ADDR": " "}, "MASTER_ADDR"),
 ]
 
@@ -249,6 +249,8 @@ def test_malformed_or_contradictory_slurm_values_name_the_variable(changes, vari
     with pytest.raises(LaunchError) as raised:
         detect({**STEP, **changes})
     assert variable in str(raised.value)
+    if variable.startswith("MASTER_"):  # what the user set: the error carries it for tools, too
+        assert (raised.value.variable, raised.value.value) == (variable, changes[variable])
 
 
 @pytest.mark.parametrize("changes,variable", [

@@ -46,9 +46,11 @@ def test_init_timeout_sources():
     assert init_timeout(None, {}) == 300
     assert init_timeout(None, {"SLURMDIST_INIT_TIMEOUT": "12.5"}) == 12.5
     assert init_timeout(3, {"SLURMDIST_INIT_TIMEOUT": "12.5"}) == 3
-    for bad in ("soon", "0", "-1"):
+    for bad in ("soon", "0", "-1", "nan", "inf", "1e14"):  # inf and 1e14 overflow torch's timedelta
         with pytest.raises(RendezvousError, match="SLURMDIST_INIT_TIMEOUT"):
             init_timeout(None, {"SLURMDIST_INIT_TIMEOUT": bad})
+    with pytest.raises(RendezvousError, match="timeout=inf.*at most"):
+        init_timeout(float("inf"), {})
 
 
 def test_resolve_host():

@@ -36,6 +36,8 @@ def test_restart_count_and_limit():
     assert requeue_limit(None, {}) == 10
     assert requeue_limit(None, {"SLURMDIST_MAX_REQUEUES": "3"}) == 3
     assert requeue_limit(1, {"SLURMDIST_MAX_REQUEUES": "3"}) == 1
+    with pytest.raises(RequeueError, match="SLURMDIST_MAX_REQUEUES='three'"):
+        requeue_limit(None, {"SLURMDIST_MAX_REQUEUES": "three"})
 
 
 def test_plan_under_slurm_requeues_this_job():
