@@ -171,12 +171,14 @@ def names_this_host(host: str, hostname: str) -> bool:
 
 
 def resolve_host(host: str, environ: Mapping[str, str], timeout: float = 10.0) -> str:
-    """A master host that resolves: the name itself, else Slurm's NodeAddr for it, else a `RendezvousError`."""
+    """A master host that resolves: the name itself, else Slurm's NodeAddr for it, else a `RendezvousError`.
+    `timeout` bounds the three steps together."""
     bare = strip_brackets(host)
-    if addresses(bare, timeout):
+    deadline = Deadline(timeout)
+    if addresses(bare, deadline.remaining()):
         return bare
-    node_addr = slurm_node_addr(bare, environ, timeout)
-    if node_addr and node_addr != bare and addresses(node_addr, timeout):
+    node_addr = slurm_node_addr(bare, environ, deadline.remaining())
+    if node_addr and node_addr != bare and addresses(node_addr, deadline.remaining()):
         log.debug("master %s does not resolve; using its Slurm NodeAddr %s", bare, node_addr)
         return strip_brackets(node_addr)
     raise RendezvousError(
@@ -328,16 +330,19 @@ def resolve_master(
 
 def wait_listening(host: str, port: int, deadline: Deadline, world_size: int) -> str:
     """Poll until something listens on host:port, sleeping a few milliseconds between attempts; returns the
-    address that answered (a name may have several)."""
+    address that answered (a name may have several). A name is looked up once, not at every attempt: the
+    lookup has no timeout of its own, and thousands of ranks polling would flood the name server."""
     sleep = POLL_FIRST
     last: Optional[BaseException] = None
+    candidates = addresses(host, min(10.0, deadline.remaining())) or [strip_brackets(host)]
     while True:
-        try:
-            address = (lookup_form(host), port)
-            with socket.create_connection(address, timeout=min(2.0, deadline.remaining())) as probe:
-                return str(probe.getpeername()[0])
-        except OSError as exc:
-            last = exc
+        for candidate in candidates:
+            try:
+                endpoint = (lookup_form(candidate), port)
+                with socket.create_connection(endpoint, timeout=min(2.0, deadline.remaining())) as probe:
+                    return str(probe.getpeername()[0])
+            except OSError as exc:
+                last = exc
         if deadline.expired():
             raise RendezvousError(
                 f"nothing listens at the rendezvous store {hostport(host, port)} after {deadline.seconds:.0f} s "

@@ -13,7 +13,7 @@ from slurmdist.errors import LaunchError, RendezvousError
 from slurmdist.launchers.slurm import hostfile_first_host
 from slurmdist.rendezvous import (
     Deadline, addresses, compress_ranks, connect, hostfile_master, hostport, init_timeout, names_this_host,
-    resolve_host, resolve_master, run_prefix, strip_brackets,
+    resolve_host, resolve_master, run_prefix, strip_brackets, wait_listening,
 )
 from tests.conftest import load_case
 
@@ -70,6 +70,29 @@ def test_an_ip_address_resolves_to_itself_without_a_lookup(monkeypatch, literal,
     monkeypatch.setattr(socket, "getaddrinfo", no_lookup)
     assert addresses(literal) == [answer]
     assert resolve_host(literal, {"PATH": ""}) == answer
+
+
+def test_waiting_for_the_store_looks_the_master_name_up_once(monkeypatch):
+    port = free_port()
+    lookups = []
+    real_getaddrinfo = socket.getaddrinfo
+
+    def counting(host, *args, **kwargs):
+        if host in ("localhost", b"localhost"):
+            lookups.append(host)
+        return real_getaddrinfo(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", counting)
+    listener = []
+    opener = threading.Timer(0.3, lambda: listener.append(socket.create_server(("127.0.0.1", port))))
+    opener.start()
+    try:
+        assert wait_listening("localhost", port, Deadline(10), 2) == "127.0.0.1"  # refused for 0.3 s first
+    finally:
+        opener.join()
+        for sock in listener:
+            sock.close()
+    assert len(lookups) == 1
 
 
 def test_run_prefix_separates_steps_restarts_and_calls():
