@@ -90,7 +90,7 @@ def node1_address() -> str:
 
 def srun_master_launch(ranks: int, extra: Dict[str, str]) -> Tuple[float, List[dict]]:
     """srun with MASTER_ADDR set to node1's address: what a cluster whose node names resolve sees (the
-    local cluster's do not, so slurmdist falls back to `scontrol show node` on every rank)."""
+    local cluster's do not, so slurmdist falls back to Slurm's NodeAddr on every rank of node2)."""
     return srun_launch(ranks, {**extra, "MASTER_ADDR": node1_address()})
 
 
@@ -272,7 +272,7 @@ EXPLANATION = [
     "the job (see `srun true` below).",
     "- **one node**: `srun -N1`, every rank on the master's node, the shape `torchrun --standalone` has. The "
     "two-node rows also pay, on this cluster, for node names that are not in DNS: each rank on node2 fails a "
-    "lookup of node1 and asks `scontrol show node` (MASTER_ADDR given skips both).",
+    "lookup of node1 and reads node1's NodeAddr from slurm.conf (MASTER_ADDR given skips both).",
     "- **by hand, no library**: the least a start without an agent can do, written out in the worker "
     "(`start_by_hand`: rank 0 serves a TCPStore, the others poll its port every millisecond and join, then "
     "`init_process_group()`), launched like the MASTER_ADDR-given row. Unlike torchrun's workers, its ranks "

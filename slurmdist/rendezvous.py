@@ -23,6 +23,7 @@ import time
 from datetime import timedelta
 from typing import Any, Callable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
+from . import slurm_conf
 from .distenv import LOOPBACK, DistEnv
 from .errors import RendezvousError
 from .interfaces import ip_of, is_loopback
@@ -171,12 +172,16 @@ def names_this_host(host: str, hostname: str) -> bool:
 
 
 def resolve_host(host: str, environ: Mapping[str, str], timeout: float = 10.0) -> str:
-    """A master host that resolves: the name itself, else Slurm's NodeAddr for it, else a `RendezvousError`.
-    `timeout` bounds the three steps together."""
+    """A master host that resolves: the name itself, else Slurm's NodeAddr for it (from the node's slurm.conf
+    when it says so plainly, else `scontrol show node`), else a `RendezvousError`. `timeout` bounds it all."""
     bare = strip_brackets(host)
     deadline = Deadline(timeout)
     if addresses(bare, deadline.remaining()):
         return bare
+    conf_addr = slurm_conf.read_node_addr(bare, environ)
+    if conf_addr and conf_addr != bare and addresses(conf_addr, deadline.remaining()):
+        log.debug("master %s does not resolve; using its NodeAddr %s from slurm.conf", bare, conf_addr)
+        return strip_brackets(conf_addr)
     node_addr = slurm_node_addr(bare, environ, deadline.remaining())
     if node_addr and node_addr != bare and addresses(node_addr, deadline.remaining()):
         log.debug("master %s does not resolve; using its Slurm NodeAddr %s", bare, node_addr)

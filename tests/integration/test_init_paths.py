@@ -6,6 +6,7 @@ import time
 
 import pytest
 
+from tests.integration.cluster import client_environ
 from tests.integration.workers.launch import (
     ALLREDUCE, PYTHON, check_allreduce, clean_environ, finish, free_port, run, start_ranks, tool,
 )
@@ -74,6 +75,18 @@ def test_mpirun_shares_the_port_over_mpi4py(world):
     result = run([tool("mpirun"), "-np", str(world), "--oversubscribe", PYTHON, ALLREDUCE], env)
     assert result.returncode == 0, result.stdout + result.stderr
     check_allreduce(result.stdout, world, launcher="openmpi")
+
+
+def test_slurm_conf_and_scontrol_agree_on_every_nodes_address(slurm_cluster):
+    # init() asks the node's slurm.conf first and scontrol only when the file does not say it plainly.
+    from slurmdist.rendezvous import slurm_node_addr
+    from slurmdist.slurm_conf import read_node_addr
+
+    environ = client_environ(slurm_cluster.env)
+    for node in ("node1", "node2"):
+        from_scontrol = slurm_node_addr(node, environ)
+        assert from_scontrol is not None and from_scontrol.startswith("127.0.0.")
+        assert read_node_addr(node, environ) == from_scontrol
 
 
 @pytest.mark.parametrize("tasks_per_node", [2, pytest.param(4, marks=pytest.mark.slow)])

@@ -1,0 +1,74 @@
+"""A node's NodeAddr from the slurm.conf that slurmd itself reads, without asking slurmctld.
+
+When node names are not in DNS, every rank on the other nodes needs the master node's address. Asking
+`scontrol show node` costs each of them an RPC to slurmctld (10-20 ms, and thousands at once on a big job);
+the configuration file on the node usually holds the same answer. Only a plain, unambiguous answer is taken:
+a `NodeName=` line naming the node with an explicit `NodeAddr=` of matching length. Anything else (no file,
+`Include`d node lines, cloud or dynamic nodes whose address is set at run time) returns None, and the
+caller asks scontrol.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Iterator, Mapping, Optional
+
+from .errors import HostlistError
+
+DEFAULT_PATH = "/etc/slurm/slurm.conf"
+MAX_BYTES = 8 << 20  # a slurm.conf is kilobytes; never read an arbitrary huge file whole
+
+
+def logical_lines(text: str) -> Iterator[str]:
+    """Lines with comments dropped and backslash continuations joined, as Slurm reads them."""
+    pending = ""
+    for raw in text.splitlines():
+        line = raw.split("#", 1)[0].rstrip()
+        if line.endswith("\\"):
+            pending += line[:-1] + " "
+            continue
+        yield pending + line
+        pending = ""
+    if pending:
+        yield pending
+
+
+def options(line: str) -> Dict[str, str]:
+    """`Key=Value` words of one line, keys lower-cased (slurm.conf keys are case-insensitive)."""
+    found = {}
+    for word in line.split():
+        key, equals, value = word.partition("=")
+        if equals:
+            found[key.lower()] = value
+    return found
+
+
+def node_addr(text: str, node: str) -> Optional[str]:
+    """NodeAddr of `node` in slurm.conf `text`, or None when the file does not say it plainly."""
+    from . import hostlist
+
+    for line in logical_lines(text):
+        fields = options(line)
+        names_text = fields.get("nodename")
+        if not names_text or names_text.upper() == "DEFAULT":
+            continue
+        try:
+            names = hostlist.expand(names_text)
+            if node not in names:
+                continue
+            addrs = hostlist.expand(fields["nodeaddr"]) if "nodeaddr" in fields else []
+        except HostlistError:
+            return None
+        return addrs[names.index(node)] if len(addrs) == len(names) else None
+    return None
+
+
+def read_node_addr(node: str, environ: Mapping[str, str]) -> Optional[str]:
+    """`node_addr` over the file at SLURM_CONF (configless nodes point it at slurmd's copy), else the
+    default path; None when it cannot be read."""
+    path = environ.get("SLURM_CONF") or DEFAULT_PATH
+    try:
+        with open(path, encoding="utf-8", errors="replace") as conf:
+            text = conf.read(MAX_BYTES)
+    except OSError:
+        return None
+    return node_addr(text, node)
