@@ -2,8 +2,8 @@
 
 The count comes from torch, which already honours `CUDA_VISIBLE_DEVICES` / `ASCEND_RT_VISIBLE_DEVICES`; the
 environment tells whether Slurm narrowed visibility to an srun task's own GPUs (`--gpus-per-task`,
-`--gpu-bind=per_task`), in which case that task's device is ordinal 0 whatever its local rank. slurmdist reads these variables and
-never writes them: a visibility variable belongs to the user and the scheduler.
+`--gpu-bind=per_task`), in which case that task's device is ordinal 0 whatever its local rank. slurmdist
+reads these variables and never writes them: a visibility variable belongs to the user and the scheduler.
 """
 
 from __future__ import annotations
@@ -32,7 +32,9 @@ class DevicePlan(NamedTuple):
         return None if self.index is None else (self.index,)
 
 
-def narrowed_per_task(environ: Mapping[str, str], device_type: str, device_count: int, task_is_rank: bool) -> bool:
+def narrowed_per_task(
+    environ: Mapping[str, str], device_type: str, device_count: int, task_is_rank: bool
+) -> bool:
     """True when Slurm left this task only its own devices, so local rank must not pick among them.
 
     Only an srun task that is itself a rank (`task_is_rank`) can be narrowed for itself: the ranks torchrun or

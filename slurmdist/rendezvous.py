@@ -178,14 +178,18 @@ def resolve_host(host: str, environ: Mapping[str, str], timeout: float = 10.0) -
     deadline = Deadline(timeout)
     if addresses(bare, deadline.remaining()):
         return bare
+
+    def usable(node_addr: Optional[str]) -> bool:
+        return bool(node_addr) and node_addr != bare and bool(addresses(str(node_addr), deadline.remaining()))
+
     conf_addr = slurm_conf.read_node_addr(bare, environ)
-    if conf_addr and conf_addr != bare and addresses(conf_addr, deadline.remaining()):
+    if usable(conf_addr):
         log.debug("master %s does not resolve; using its NodeAddr %s from slurm.conf", bare, conf_addr)
-        return strip_brackets(conf_addr)
+        return strip_brackets(str(conf_addr))
     node_addr = slurm_node_addr(bare, environ, deadline.remaining())
-    if node_addr and node_addr != bare and addresses(node_addr, deadline.remaining()):
+    if usable(node_addr):
         log.debug("master %s does not resolve; using its Slurm NodeAddr %s", bare, node_addr)
-        return strip_brackets(node_addr)
+        return strip_brackets(str(node_addr))
     raise RendezvousError(
         f"master host {bare!r} does not resolve (DNS / /etc/hosts) and Slurm gave no usable NodeAddr for it "
         f"(scontrol show node {bare}{' -> ' + node_addr if node_addr else ''}); set MASTER_ADDR to an IP "
