@@ -363,10 +363,22 @@ def wait_listening(host: str, port: int, deadline: Deadline, world_size: int) ->
 
 
 def open_store(
-    host: str, port: int, rank: int, world_size: int, deadline: Deadline, *, serve: bool = False
+    host: str,
+    port: int,
+    rank: int,
+    world_size: int,
+    deadline: Deadline,
+    *,
+    serve: bool = False,
+    ready_key: Optional[str] = None,
 ) -> Tuple[Any, Optional[str]]:
     """A TCPStore at host:port: served here when `serve` (rank 0, port 0 = kernel's choice), else joined.
-    Also returns the address a joined store answered at (None when served here)."""
+    Also returns the address a joined store answered at (None when served here).
+
+    `ready_key` (rank 0's arrival key, when rank 0 serves the store) makes a joining rank wait until rank 0
+    checked in where it joined, and join again if that store closes first: after `shutdown()` and a new
+    `init()`, a fast rank can reach rank 0's previous store before rank 0 has shut it down.
+    """
     import torch.distributed as dist
 
     host = strip_brackets(host)
@@ -381,15 +393,25 @@ def open_store(
             if "EADDRINUSE" in str(exc) or "address already in use" in str(exc).lower():
                 raise port_in_use(port, where) from None
             raise RendezvousError(f"rank 0 cannot host the rendezvous store at {where}: {exc}") from None
-    peer = wait_listening(host, port, deadline, world_size)
+    while True:
+        peer = wait_listening(host, port, deadline, world_size)
+        joined = _join_store(host, port, rank, world_size, deadline)
+        if ready_key is None or _rank0_checked_in(joined, ready_key, deadline):
+            return joined, peer
+        log.debug("rank %d: the store at %s closed before rank 0 checked in there; joining again", rank, where)
+
+
+def _join_store(host: str, port: int, rank: int, world_size: int, deadline: Deadline) -> Any:
+    import torch.distributed as dist
+
+    where = hostport(host, port)
     try:
         # In a thread: the client's handshake ignores its timeout when a listener never answers.
-        joined = _call_with_timeout(
+        return _call_with_timeout(
             lambda: dist.TCPStore(host, port, None, False, timedelta(seconds=deadline.remaining())),
             deadline.remaining(),
             "store-connect",
         )
-        return joined, peer
     except TimeoutError:
         raise RendezvousError(
             f"rank {rank}: something listens at {where} but does not answer as a rendezvous store (world size "
@@ -401,6 +423,20 @@ def open_store(
             f"rank {rank} reached {where} but could not join the rendezvous store there: {exc}. "
             "Is MASTER_PORT used by something else than this job's rank 0?"
         ) from None
+
+
+def _rank0_checked_in(store: Any, ready_key: str, deadline: Deadline) -> bool:
+    """False when the store closed before rank 0 checked in (a store on its way out); a timeout counts as
+    True, so the rendezvous goes on to report who never arrived."""
+    try:
+        store.wait([ready_key], timedelta(seconds=deadline.remaining()))
+    except RuntimeError as exc:
+        return deadline.expired() or _is_timeout(exc)
+    return True
+
+
+def _is_timeout(exc: BaseException) -> bool:
+    return "timeout" in str(exc).lower()
 
 
 def port_in_use(port: int, where: str, who: str = "rank 0") -> RendezvousError:
@@ -492,7 +528,7 @@ class Rendezvous:
             try:
                 self.store.wait([self.keys.verdict], timedelta(seconds=self.deadline.remaining()))
             except RuntimeError as exc:
-                if "timeout" not in str(exc).lower():
+                if not _is_timeout(exc):
                     raise
                 self.fail()
                 return
@@ -573,6 +609,7 @@ def connect(env: DistEnv, deadline: Deadline, environ: Mapping[str, str], genera
     """Resolve the master, open the store and check in (without waiting for the others)."""
     agent_store = agent_serves_store(environ)
     env = _slurm_master(env, environ, deadline)
+    keys = Keys(run_prefix(env, environ, generation))
     if env.master_addr is None or env.master_port is None:
         store, env, reach = _mpi_store(env, deadline, environ)
     else:
@@ -584,9 +621,12 @@ def connect(env: DistEnv, deadline: Deadline, environ: Mapping[str, str], genera
             host, shortcut = resolve_host(env.master_addr, environ, min(10.0, deadline.remaining())), False
             env = env.replace(master_addr=host)
         serve = env.rank == 0 and not agent_store  # torchrun's agent already serves the store
-        store, peer = open_store(host, env.master_port, env.rank, env.world_size, deadline, serve=serve)
+        ready_key = None if agent_store else keys.arrived(0)  # an agent's store outlives init(): no stale one
+        store, peer = open_store(
+            host, env.master_port, env.rank, env.world_size, deadline, serve=serve, ready_key=ready_key
+        )
         reach = None if shortcut else peer
-    meeting = Rendezvous(store, env, Keys(run_prefix(env, environ, generation)), deadline, reach)
+    meeting = Rendezvous(store, env, keys, deadline, reach)
     meeting.check_in()
     return meeting
 

@@ -53,6 +53,17 @@ def test_shutdown_then_init_again_forms_a_second_group_under_fresh_keys():
         assert record["gloo_interface_again"] == "lo"
 
 
+def test_init_again_after_shutdown_waits_out_rank_0s_previous_store():
+    # No agent: rank 0 serves the store itself. Rank 1 shuts down and calls init() again while rank 0 is still
+    # busy, so rank 1 reaches rank 0's first store, which closes under it; it must join the second one.
+    procs = start_ranks(range(2), 2, free_port(), ALLREDUCE_TWICE="1", RANK0_LINGER="2")
+    results = finish(procs)
+    for result in results:
+        assert result.returncode == 0, result.stderr
+    for record in check_allreduce("".join(r.stdout for r in results), 2):
+        assert record["sum_again"] == record["expected"]
+
+
 def test_a_gloo_interface_the_user_chose_is_kept():
     procs = start_ranks(range(2), 2, free_port(), GLOO_SOCKET_IFNAME="lo,lo")  # two gloo devices, not our "lo"
     found = check_allreduce("".join(r.stdout for r in finish(procs)), 2)

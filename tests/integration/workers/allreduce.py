@@ -1,7 +1,8 @@
 """Worker the integration tests launch: init, one all_reduce, one JSON line on stdout.
 
 `python allreduce.py [slurmdist|plain] [BACKEND]`: `plain` is torch's own env:// start, for comparison.
-With ALLREDUCE_TWICE=1 a slurmdist rank also shuts down and forms the group a second time.
+With ALLREDUCE_TWICE=1 a slurmdist rank also shuts down and forms the group a second time; rank 0 first
+sleeps RANK0_LINGER seconds, if set, so the others reach its port while its first store still serves.
 """
 
 import json
@@ -40,6 +41,8 @@ def main() -> int:
         "gloo_interface": os.environ.get("GLOO_SOCKET_IFNAME"),
     }
     if mode != "plain" and os.environ.get("ALLREDUCE_TWICE") == "1":
+        if rank == 0:
+            time.sleep(float(os.environ.get("RANK0_LINGER", "0")))
         slurmdist.shutdown()
         record["gloo_interface_after_shutdown"] = os.environ.get("GLOO_SOCKET_IFNAME")
         slurmdist.init(sys.argv[2] if len(sys.argv) > 2 else "auto")
