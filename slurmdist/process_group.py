@@ -14,6 +14,7 @@ import logging
 import os
 import threading
 import time
+import traceback
 import warnings
 from datetime import timedelta
 from typing import Any, Iterator, Mapping, Optional
@@ -50,12 +51,17 @@ def init(
             return _state["env"]
         environ = os.environ if environ is None else environ
         started = time.monotonic()
-        deadline = rendezvous.Deadline(rendezvous.init_timeout(timeout, environ))
+        seconds = rendezvous.init_timeout(timeout, environ)
         try:
             env = detect(environ)
             env = _choose_device(env, backend, device, environ)
             _check_gloo_interface(env, environ)
-            env = _start_group(env, deadline, environ)
+            # The bound starts with the rendezvous, not before the local choices (which import torch).
+            env = _start_group(env, rendezvous.Deadline(seconds), environ)
+        except BaseException as exc:
+            _forget_interface()
+            _release_frames(exc)
+            raise
         finally:
             # Every call meets under keys of its own, a retry after a failure too: a store that an agent keeps
             # serving still holds the failed attempt's verdict and arrival count.
@@ -182,9 +188,27 @@ def shutdown() -> None:
         if dist.is_initialized() and _state["owned"]:
             dist.destroy_process_group()
         _state["store"] = None
-        chosen, _state["interface"] = _state["interface"], None
-        if chosen is not None and os.environ.get(interfaces.GLOO_INTERFACE_VARIABLE) == chosen:
-            del os.environ[interfaces.GLOO_INTERFACE_VARIABLE]
+        _forget_interface()
+
+
+def _forget_interface() -> None:
+    """Take back the GLOO_SOCKET_IFNAME that `init()` set (unless someone changed it since), so the next
+    `init()` chooses afresh instead of taking it for the user's choice."""
+    chosen, _state["interface"] = _state["interface"], None
+    if chosen is not None and os.environ.get(interfaces.GLOO_INTERFACE_VARIABLE) == chosen:
+        del os.environ[interfaces.GLOO_INTERFACE_VARIABLE]
+
+
+def _release_frames(exc: BaseException) -> None:
+    """Drop the locals of the finished frames a failed `init()` leaves in its exception (and the exceptions
+    it chained): they hold rank 0's store, whose port a retry needs, for as long as the caller keeps the
+    exception. The traceback's lines stay."""
+    seen = set()
+    current: Optional[BaseException] = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        traceback.clear_frames(current.__traceback__)
+        current = current.__cause__ or current.__context__
 
 
 def _shutdown_at_exit() -> None:

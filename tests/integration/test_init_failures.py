@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import time
@@ -58,6 +59,29 @@ def test_busy_master_port_is_an_error_not_a_hang():
     assert f"cannot listen on the rendezvous port {port}" in rank0.stderr
     assert rank1.returncode != 0  # it reached the squatter, not a store: bounded by the timeout
     assert "RendezvousError" in rank1.stderr
+
+
+GIVES_BACK = """
+import json, os, socket
+import slurmdist
+try:
+    slurmdist.init(timeout=3)
+except slurmdist.RendezvousError as exc:
+    kept = exc  # as a caller that logs or retries later holds it
+with socket.socket() as probe:
+    probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    probe.bind(("", int(os.environ["MASTER_PORT"])))  # OSError while the failed store still listens
+print(json.dumps({"failed": "never arrived" in str(kept), "gloo": os.environ.get("GLOO_SOCKET_IFNAME")}))
+"""
+
+
+def test_a_failed_init_gives_back_rank_0s_port_and_its_gloo_interface_choice():
+    # Rank 0 alone in a world of 2: it hosts the store, chooses gloo's interface, then times out. A retry
+    # needs the port, and must choose the interface afresh rather than take it for the user's choice.
+    env = rank_environ(0, 2, free_port())
+    result = subprocess.run([PYTHON, "-c", GIVES_BACK], env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout.splitlines()[-1]) == {"failed": True, "gloo": None}
 
 
 @pytest.mark.parametrize(
