@@ -28,7 +28,7 @@ PHASES = {}
 PHASE_NAMES = (
     ("process_group", "detect", "launch detection (detect())"),
     ("process_group", "_choose_device", "backend and device choice"),
-    ("rendezvous", "resolve_host", "master name resolution (DNS, else Slurm's NodeAddr)"),
+    ("rendezvous", "resolve_addresses", "master name resolution (DNS, else Slurm's NodeAddr)"),
     ("rendezvous", "mpi_comm", "mpi4py import and MPI_Init"),
     ("rendezvous", "open_store", "store: host it / wait for it and join"),
     ("rendezvous.Rendezvous", "check_in", "check in at the store (arrival key and counter)"),

@@ -174,22 +174,32 @@ def names_this_host(host: str, hostname: str) -> bool:
 def resolve_host(host: str, environ: Mapping[str, str], timeout: float = 10.0) -> str:
     """A master host that resolves: the name itself, else Slurm's NodeAddr for it (from the node's slurm.conf
     when it says so plainly, else `scontrol show node`), else a `RendezvousError`. `timeout` bounds it all."""
+    return resolve_addresses(host, environ, timeout)[0]
+
+
+def resolve_addresses(host: str, environ: Mapping[str, str], timeout: float = 10.0) -> Tuple[str, List[str]]:
+    """`resolve_host`, and the addresses the answer resolved to: whoever connects next needs no second lookup."""
     bare = strip_brackets(host)
     deadline = Deadline(timeout)
-    if addresses(bare, deadline.remaining()):
-        return bare
+    found = addresses(bare, deadline.remaining())
+    if found:
+        return bare, found
 
-    def usable(node_addr: Optional[str]) -> bool:
-        return bool(node_addr) and node_addr != bare and bool(addresses(str(node_addr), deadline.remaining()))
+    def usable(node_addr: Optional[str]) -> List[str]:
+        if not node_addr or node_addr == bare:
+            return []
+        return addresses(node_addr, deadline.remaining())
 
     conf_addr = slurm_conf.read_node_addr(bare, environ)
-    if usable(conf_addr):
+    found = usable(conf_addr)
+    if found:
         log.debug("master %s does not resolve; using its NodeAddr %s from slurm.conf", bare, conf_addr)
-        return strip_brackets(str(conf_addr))
+        return strip_brackets(str(conf_addr)), found
     node_addr = slurm_node_addr(bare, environ, deadline.remaining())
-    if usable(node_addr):
+    found = usable(node_addr)
+    if found:
         log.debug("master %s does not resolve; using its Slurm NodeAddr %s", bare, node_addr)
-        return strip_brackets(str(node_addr))
+        return strip_brackets(str(node_addr)), found
     raise RendezvousError(
         f"master host {bare!r} does not resolve (DNS / /etc/hosts) and Slurm gave no usable NodeAddr for it "
         f"(scontrol show node {bare}{' -> ' + node_addr if node_addr else ''}); set MASTER_ADDR to an IP "
@@ -337,13 +347,16 @@ def resolve_master(
 # --- store ----------------------------------------------------------------------------------------------
 
 
-def wait_listening(host: str, port: int, deadline: Deadline, world_size: int) -> str:
+def wait_listening(
+    host: str, port: int, deadline: Deadline, world_size: int, candidates: Sequence[str] = ()
+) -> str:
     """Poll until something listens on host:port, sleeping a few milliseconds between attempts; returns the
-    address that answered (a name may have several). A name is looked up once, not at every attempt: the
-    lookup has no timeout of its own, and thousands of ranks polling would flood the name server."""
+    address that answered (a name may have several). A name is looked up once (or not at all, when the
+    caller passes the `candidates` it resolved), not at every attempt: the lookup has no timeout of its own,
+    and thousands of ranks polling would flood the name server."""
     sleep = POLL_FIRST
     last: Optional[BaseException] = None
-    candidates = addresses(host, min(10.0, deadline.remaining())) or [strip_brackets(host)]
+    candidates = list(candidates) or addresses(host, min(10.0, deadline.remaining())) or [strip_brackets(host)]
     while True:
         for candidate in candidates:
             try:
@@ -371,9 +384,11 @@ def open_store(
     *,
     serve: bool = False,
     ready_key: Optional[str] = None,
+    candidates: Sequence[str] = (),
 ) -> Tuple[Any, Optional[str]]:
     """A TCPStore at host:port: served here when `serve` (rank 0, port 0 = kernel's choice), else joined.
-    Also returns the address a joined store answered at (None when served here).
+    Also returns the address a joined store answered at (None when served here); `candidates` are the
+    addresses `host` resolved to, when the caller has them.
 
     `ready_key` (rank 0's arrival key, when rank 0 serves the store) makes a joining rank wait until rank 0
     checked in where it joined, and join again if that store closes first: after `shutdown()` and a new
@@ -394,21 +409,29 @@ def open_store(
                 raise port_in_use(port, where) from None
             raise RendezvousError(f"rank 0 cannot host the rendezvous store at {where}: {exc}") from None
     while True:
-        peer = wait_listening(host, port, deadline, world_size)
-        joined = _join_store(host, port, rank, world_size, deadline)
+        peer = wait_listening(host, port, deadline, world_size, candidates)
+        joined = _join_store(_dialable(peer, host), port, where, rank, world_size, deadline)
         if ready_key is None or _rank0_checked_in(joined, ready_key, deadline):
             return joined, peer
         log.debug("rank %d: the store at %s closed before rank 0 checked in there; joining again", rank, where)
 
 
-def _join_store(host: str, port: int, rank: int, world_size: int, deadline: Deadline) -> Any:
+def _dialable(peer: str, host: str) -> str:
+    """The address that just answered, for the store client to dial: the same machine, and no second name
+    lookup in torch's resolver. A link-local IPv6 address lost its zone in getpeername(): dial the name."""
+    address = ip_of(peer)
+    if address is None or (isinstance(address, ipaddress.IPv6Address) and address.is_link_local):
+        return host
+    return peer
+
+
+def _join_store(dial: str, port: int, where: str, rank: int, world_size: int, deadline: Deadline) -> Any:
     import torch.distributed as dist
 
-    where = hostport(host, port)
     try:
         # In a thread: the client's handshake ignores its timeout when a listener never answers.
         return _call_with_timeout(
-            lambda: dist.TCPStore(host, port, None, False, timedelta(seconds=deadline.remaining())),
+            lambda: dist.TCPStore(dial, port, None, False, timedelta(seconds=deadline.remaining())),
             deadline.remaining(),
             "store-connect",
         )
@@ -616,14 +639,16 @@ def connect(env: DistEnv, deadline: Deadline, environ: Mapping[str, str], genera
         if names_this_host(env.master_addr, socket.gethostname()):
             # The store listens on every interface: ranks on the master's own node (rank 0 among them) reach
             # it over loopback, with no name lookup and no `scontrol` call when node names are not in DNS.
-            host, shortcut = LOOPBACK, True
+            host, shortcut, candidates = LOOPBACK, True, [LOOPBACK]
         else:
-            host, shortcut = resolve_host(env.master_addr, environ, min(10.0, deadline.remaining())), False
+            host, candidates = resolve_addresses(env.master_addr, environ, min(10.0, deadline.remaining()))
+            shortcut = False
             env = env.replace(master_addr=host)
         serve = env.rank == 0 and not agent_store  # torchrun's agent already serves the store
         ready_key = None if agent_store else keys.arrived(0)  # an agent's store outlives init(): no stale one
         store, peer = open_store(
-            host, env.master_port, env.rank, env.world_size, deadline, serve=serve, ready_key=ready_key
+            host, env.master_port, env.rank, env.world_size, deadline,
+            serve=serve, ready_key=ready_key, candidates=candidates,
         )
         reach = None if shortcut else peer
     meeting = Rendezvous(store, env, keys, deadline, reach)

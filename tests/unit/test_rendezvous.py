@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import threading
+from datetime import timedelta
 
 import pytest
 
@@ -93,6 +94,29 @@ def test_waiting_for_the_store_looks_the_master_name_up_once(monkeypatch):
         for sock in listener:
             sock.close()
     assert len(lookups) == 1
+
+
+def test_joining_the_store_looks_the_master_name_up_once_in_all(monkeypatch):
+    # A master name that resolves (here only through Python's resolver, which the test answers): connect()
+    # resolves it once, polls the port at the answer, and the store client dials the address that answered.
+    port, lookups = free_port(), []
+    real_getaddrinfo = socket.getaddrinfo
+
+    def answering(host, *args, **kwargs):
+        if host in ("masternode.test", b"masternode.test"):
+            lookups.append(host)
+            return real_getaddrinfo("127.0.0.1", *args, **kwargs)
+        return real_getaddrinfo(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", answering)
+    import torch.distributed as dist
+
+    agent = dist.TCPStore("127.0.0.1", port, None, True, timedelta(seconds=30), wait_for_workers=False)
+    agent_environ = {"TORCHELASTIC_USE_AGENT_STORE": "True"}
+    meeting = connect(env_of(1, 2, port, addr="masternode.test"), Deadline(30), agent_environ)
+    assert len(lookups) == 1
+    assert meeting.reach == "127.0.0.1" and meeting.env.master_addr == "masternode.test"
+    assert agent.add(meeting.keys.count, 0) == 1  # checked in at the agent's store
 
 
 def test_run_prefix_separates_steps_restarts_and_calls():
