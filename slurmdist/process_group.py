@@ -12,12 +12,13 @@ import atexit
 import contextlib
 import logging
 import os
+import sys
 import threading
 import time
 import traceback
 import warnings
 from datetime import timedelta
-from typing import Any, Iterator, Mapping, Optional
+from typing import Any, Iterator, List, Mapping, Optional
 
 from . import backends, devices, interfaces, rendezvous
 from .detection import detect
@@ -51,6 +52,7 @@ def init(
             return _state["env"]
         environ = os.environ if environ is None else environ
         started = time.monotonic()
+        handling = sys.exc_info()[1]  # the caller's own exception, if init() runs in an except block
         seconds = rendezvous.init_timeout(timeout, environ)
         try:
             env = detect(environ)
@@ -60,12 +62,11 @@ def init(
             env = _start_group(env, rendezvous.Deadline(seconds), environ)
         except BaseException as exc:
             _forget_interface()
-            _release_frames(exc)
+            _release_frames(exc, handling)
             raise
-        finally:
-            # Every call meets under keys of its own, a retry after a failure too: a store that an agent keeps
-            # serving still holds the failed attempt's verdict and arrival count.
-            _state["generation"] += 1
+        # The next group (after shutdown()) meets under keys of its own. A retry after a failure keeps the
+        # number: the store counts failed attempts, so a rank that missed the failed one still meets the retry.
+        _state["generation"] += 1
         _state["env"] = env
         if not _state["atexit"]:
             atexit.register(_shutdown_at_exit)
@@ -157,13 +158,22 @@ def _init_group(
     get their own (longer) timeout."""
     import torch.distributed as dist
 
-    dist.init_process_group(
-        env.backend,
-        store=dist.PrefixStore(prefix + "/pg", store),
-        rank=env.rank,
-        world_size=env.world_size,
-        timeout=collective if deadline is None else timedelta(seconds=deadline.remaining()),
-    )
+    world = getattr(dist.distributed_c10d, "_world", None)
+    group_count = getattr(world, "group_count", None)
+    try:
+        dist.init_process_group(
+            env.backend,
+            store=dist.PrefixStore(prefix + "/pg", store),
+            rank=env.rank,
+            world_size=env.world_size,
+            timeout=collective if deadline is None else timedelta(seconds=deadline.remaining()),
+        )
+    except BaseException:
+        # torch numbers its groups per process, failed attempts included, and gloo meets under that number:
+        # a retry must not count this attempt, or it never meets a rank on its first call.
+        if group_count is not None:
+            world.group_count = group_count
+        raise
     if deadline is not None:
         set_timeout = getattr(dist.distributed_c10d, "_set_pg_timeout", None)
         if set_timeout is not None:
@@ -199,16 +209,20 @@ def _forget_interface() -> None:
         del os.environ[interfaces.GLOO_INTERFACE_VARIABLE]
 
 
-def _release_frames(exc: BaseException) -> None:
-    """Drop the locals of the finished frames a failed `init()` leaves in its exception (and the exceptions
-    it chained): they hold rank 0's store, whose port a retry needs, for as long as the caller keeps the
-    exception. The traceback's lines stay."""
-    seen = set()
-    current: Optional[BaseException] = exc
-    while current is not None and id(current) not in seen:
+def _release_frames(exc: BaseException, keep: Optional[BaseException]) -> None:
+    """Drop the locals of the finished frames a failed `init()` leaves in its exception and the exceptions
+    it chained (slurmdist's and torch's frames below `init()`): they hold rank 0's store, whose port a retry
+    needs, for as long as the caller keeps the exception. The traceback's lines stay. `keep` (the exception
+    the caller was handling when it called `init()`) and what it chains are the caller's: left alone."""
+    seen = set() if keep is None else {id(keep)}
+    pending: List[Optional[BaseException]] = [exc]
+    while pending:
+        current = pending.pop()
+        if current is None or id(current) in seen:
+            continue
         seen.add(id(current))
         traceback.clear_frames(current.__traceback__)
-        current = current.__cause__ or current.__context__
+        pending += [current.__cause__, current.__context__]
 
 
 def _shutdown_at_exit() -> None:

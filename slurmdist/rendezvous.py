@@ -383,17 +383,11 @@ def open_store(
     deadline: Deadline,
     *,
     serve: bool = False,
-    ready_key: Optional[str] = None,
     candidates: Sequence[str] = (),
 ) -> Tuple[Any, Optional[str]]:
     """A TCPStore at host:port: served here when `serve` (rank 0, port 0 = kernel's choice), else joined.
     Also returns the address a joined store answered at (None when served here); `candidates` are the
-    addresses `host` resolved to, when the caller has them.
-
-    `ready_key` (rank 0's arrival key, when rank 0 serves the store) makes a joining rank wait until rank 0
-    checked in where it joined, and join again if that store closes first: after `shutdown()` and a new
-    `init()`, a fast rank can reach rank 0's previous store before rank 0 has shut it down.
-    """
+    addresses `host` resolved to, when the caller has them."""
     import torch.distributed as dist
 
     host = strip_brackets(host)
@@ -408,17 +402,14 @@ def open_store(
             if "EADDRINUSE" in str(exc) or "address already in use" in str(exc).lower():
                 raise port_in_use(port, where) from None
             raise RendezvousError(f"rank 0 cannot host the rendezvous store at {where}: {exc}") from None
-    while True:
-        peer = wait_listening(host, port, deadline, world_size, candidates)
-        joined = _join_store(_dialable(peer, host), port, where, rank, world_size, deadline)
-        if ready_key is None or _rank0_checked_in(joined, ready_key, deadline):
-            return joined, peer
-        log.debug("rank %d: the store at %s closed before rank 0 checked in there; joining again", rank, where)
+    peer = wait_listening(host, port, deadline, world_size, candidates)
+    return _join_store(_dialable(peer, host), port, where, rank, world_size, deadline), peer
 
 
 def _dialable(peer: str, host: str) -> str:
     """The address that just answered, for the store client to dial: the same machine, and no second name
-    lookup in torch's resolver. A link-local IPv6 address lost its zone in getpeername(): dial the name."""
+    lookup in torch's resolver. A link-local IPv6 address needs its zone, which not every platform's
+    getpeername() keeps: dial the name then."""
     address = ip_of(peer)
     if address is None or (isinstance(address, ipaddress.IPv6Address) and address.is_link_local):
         return host
@@ -454,12 +445,24 @@ def _rank0_checked_in(store: Any, ready_key: str, deadline: Deadline) -> bool:
     try:
         store.wait([ready_key], timedelta(seconds=deadline.remaining()))
     except RuntimeError as exc:
-        return deadline.expired() or _is_timeout(exc)
+        if deadline.expired() or _is_timeout(exc):
+            return True
+        if _store_closed(exc):
+            return False
+        raise
     return True
 
 
 def _is_timeout(exc: BaseException) -> bool:
     return "timeout" in str(exc).lower()
+
+
+def _store_closed(exc: BaseException) -> bool:
+    """The other side closed the store's connection (torch says so with DistNetworkError since 2.2)."""
+    import torch.distributed as dist
+
+    network_error = getattr(dist, "DistNetworkError", None)
+    return isinstance(exc, network_error) if network_error is not None else not _is_timeout(exc)
 
 
 def port_in_use(port: int, where: str, who: str = "rank 0") -> RendezvousError:
@@ -470,12 +473,16 @@ def port_in_use(port: int, where: str, who: str = "rank 0") -> RendezvousError:
 
 
 class Keys:
-    """Store keys of one rendezvous; `prefix` separates jobs, restarts and repeated init() calls."""
+    """Store keys of one rendezvous attempt. `base` separates jobs, torchrun restarts and the groups a
+    process forms one after another; `attempt`, counted on the store, separates failed attempts: a retry
+    never reads an earlier attempt's verdict, and a rank that missed an attempt meets the others' retry."""
 
-    __slots__ = ("prefix", "count", "verdict", "reporter", "seen", "reach")
+    __slots__ = ("prefix", "attempt", "attempts", "count", "verdict", "reporter", "seen", "reach")
 
-    def __init__(self, prefix: str) -> None:
-        self.prefix = prefix
+    def __init__(self, base: str, attempt: int = 0) -> None:
+        self.attempt = attempt
+        self.attempts = attempts_key(base)  # how many attempts under `base` have failed
+        self.prefix = prefix = f"{base}/{attempt}"
         self.count = f"{prefix}/count"  # ranks checked in
         self.verdict = f"{prefix}/verdict"  # 'go', or what went wrong
         self.reporter = f"{prefix}/reporter"  # the first rank to notice a failure writes the verdict
@@ -484,6 +491,15 @@ class Keys:
 
     def arrived(self, rank: int) -> str:
         return f"{self.prefix}/arrived/{rank}"
+
+
+def attempts_key(base: str) -> str:
+    return f"{base}/attempts"
+
+
+def current_keys(store: Any, base: str) -> Keys:
+    """The keys of the attempt the store is at under `base` (one store round trip)."""
+    return Keys(base, int(store.add(attempts_key(base), 0)))
 
 
 def compress_ranks(ranks: Sequence[int]) -> str:
@@ -537,7 +553,9 @@ class Rendezvous:
                 self.store.set(self.keys.reach, self.reach)
             self.store.set(self.keys.arrived(self.env.rank), socket.gethostname())
             if self.store.add(self.keys.count, 1) == self.env.world_size:
-                self.store.compare_set(self.keys.verdict, "", "go")
+                verdict = self.store.compare_set(self.keys.verdict, "", "go").decode()
+                if verdict != "go":  # the attempt failed just before this rank came: the others have left it
+                    self.fail()
 
     def master_reach(self) -> str:
         """The address other nodes reach the master's node at. A rank that took the loopback shortcut learns it
@@ -568,6 +586,10 @@ class Rendezvous:
             verdict = _get(self.store, self.keys.verdict)
             if verdict == "go" and cause is None:
                 return
+            # Every failing rank moves the store to the next attempt (only the first move counts) before it
+            # raises, so whichever rank retries first, every retry and every latecomer meets in the next one.
+            attempt = str(self.keys.attempt)
+            self.store.compare_set(self.keys.attempts, attempt, str(self.keys.attempt + 1))
             self.store.add(self.keys.seen, 1)
             if self.env.rank == 0:  # the store lives in this process: let the others read the verdict
                 self._linger()
@@ -629,12 +651,14 @@ def agent_serves_store(environ: Mapping[str, str]) -> bool:
 
 
 def connect(env: DistEnv, deadline: Deadline, environ: Mapping[str, str], generation: int = 0) -> Rendezvous:
-    """Resolve the master, open the store and check in (without waiting for the others)."""
+    """Resolve the master, open the store and check in (without waiting for the others). `generation`
+    counts the groups this process formed before (after `shutdown()`, `init()` meets under new keys)."""
     agent_store = agent_serves_store(environ)
     env = _slurm_master(env, environ, deadline)
-    keys = Keys(run_prefix(env, environ, generation))
+    base = run_prefix(env, environ, generation)
     if env.master_addr is None or env.master_port is None:
         store, env, reach = _mpi_store(env, deadline, environ)
+        keys = current_keys(store, base)
     else:
         if names_this_host(env.master_addr, socket.gethostname()):
             # The store listens on every interface: ranks on the master's own node (rank 0 among them) reach
@@ -644,16 +668,52 @@ def connect(env: DistEnv, deadline: Deadline, environ: Mapping[str, str], genera
             host, candidates = resolve_addresses(env.master_addr, environ, min(10.0, deadline.remaining()))
             shortcut = False
             env = env.replace(master_addr=host)
-        serve = env.rank == 0 and not agent_store  # torchrun's agent already serves the store
-        ready_key = None if agent_store else keys.arrived(0)  # an agent's store outlives init(): no stale one
-        store, peer = open_store(
-            host, env.master_port, env.rank, env.world_size, deadline,
-            serve=serve, ready_key=ready_key, candidates=candidates,
-        )
+        store, peer, keys = open_meeting(host, env, base, deadline, not agent_store, candidates)
         reach = None if shortcut else peer
     meeting = Rendezvous(store, env, keys, deadline, reach)
     meeting.check_in()
     return meeting
+
+
+def open_meeting(
+    host: str, env: DistEnv, base: str, deadline: Deadline, rank0_serves: bool, candidates: Sequence[str]
+) -> Tuple[Any, Optional[str], Keys]:
+    """The store (served here on rank 0 when no agent serves it), the address it answered at, and the keys
+    of the attempt it is at.
+
+    A rank joining the store rank 0 serves waits there for rank 0's arrival, and joins again when that store
+    closes first: after `shutdown()` and a new `init()`, or a failed attempt and a retry, a fast rank can
+    reach the store rank 0 is about to close (whose keys rank 0 will never write again).
+    """
+    where = hostport(host, env.master_port)
+    serve = rank0_serves and env.rank == 0
+    sleep = POLL_FIRST
+    while True:
+        store, peer = open_store(
+            host, env.master_port, env.rank, env.world_size, deadline, serve=serve, candidates=candidates
+        )
+        try:
+            keys = current_keys(store, base)
+            if serve or not rank0_serves or _rank0_checked_in(store, keys.arrived(0), deadline):
+                return store, peer, keys
+            closed: BaseException = RuntimeError("it closed before rank 0 checked in there")
+        except RuntimeError as exc:
+            if not _store_closed(exc):
+                raise RendezvousError(
+                    f"rank {env.rank} joined the rendezvous store at {where} but cannot use it (world size "
+                    f"{env.world_size}): {_first_line(exc)}. Is MASTER_PORT used by something else than this "
+                    "job's rank 0?"
+                ) from None
+            closed = exc
+        if deadline.expired():
+            raise RendezvousError(
+                f"rank {env.rank} joined the rendezvous store at {where} but lost it, again and again for "
+                f"{deadline.seconds:.0f} s (world size {env.world_size}; last: {_first_line(closed)}): rank 0 "
+                "keeps restarting, or another program holds MASTER_PORT"
+            )
+        log.debug("rank %d: the store at %s closed (%s); joining again", env.rank, where, _first_line(closed))
+        time.sleep(min(sleep, deadline.remaining()))
+        sleep = min(POLL_MAX, sleep * 2)
 
 
 def _slurm_master(env: DistEnv, environ: Mapping[str, str], deadline: Deadline) -> DistEnv:

@@ -64,24 +64,38 @@ def test_busy_master_port_is_an_error_not_a_hang():
 GIVES_BACK = """
 import json, os, socket
 import slurmdist
+
+def callers_own():
+    secret = "the caller's local"
+    raise ValueError(secret)
+
 try:
-    slurmdist.init(timeout=3)
-except slurmdist.RendezvousError as exc:
-    kept = exc  # as a caller that logs or retries later holds it
+    callers_own()
+except ValueError as mine:  # init() called while the caller handles an exception of its own
+    try:
+        slurmdist.init(timeout=3)
+    except slurmdist.RendezvousError as exc:
+        kept = exc  # as a caller that logs or retries later holds it
+    callers_frame = mine.__traceback__.tb_next.tb_frame
 with socket.socket() as probe:
     probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     probe.bind(("", int(os.environ["MASTER_PORT"])))  # OSError while the failed store still listens
-print(json.dumps({"failed": "never arrived" in str(kept), "gloo": os.environ.get("GLOO_SOCKET_IFNAME")}))
+print(json.dumps({
+    "failed": "never arrived" in str(kept),
+    "gloo": os.environ.get("GLOO_SOCKET_IFNAME"),
+    "callers_locals": "secret" in callers_frame.f_locals,
+}))
 """
 
 
 def test_a_failed_init_gives_back_rank_0s_port_and_its_gloo_interface_choice():
     # Rank 0 alone in a world of 2: it hosts the store, chooses gloo's interface, then times out. A retry
-    # needs the port, and must choose the interface afresh rather than take it for the user's choice.
+    # needs the port, and must choose the interface afresh rather than take it for the user's choice. The
+    # exception the caller was handling keeps its frames' locals: those are the caller's, not slurmdist's.
     env = rank_environ(0, 2, free_port())
     result = subprocess.run([PYTHON, "-c", GIVES_BACK], env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout.splitlines()[-1]) == {"failed": True, "gloo": None}
+    assert json.loads(result.stdout.splitlines()[-1]) == {"failed": True, "gloo": None, "callers_locals": True}
 
 
 @pytest.mark.parametrize(

@@ -64,6 +64,20 @@ def test_init_again_after_shutdown_waits_out_rank_0s_previous_store():
         assert record["sum_again"] == record["expected"]
 
 
+def test_ranks_that_retry_after_a_timeout_meet_a_rank_that_came_late():
+    # The same script everywhere, retrying init() after a timeout: ranks 0-1 give up after 3 s and call init()
+    # again, rank 2 starts 6 s later. A retry must meet a rank that is on its first call.
+    port = free_port()
+    early = start_ranks([0, 1], 3, port, SLURMDIST_INIT_TIMEOUT="3", INIT_RETRIES="8")
+    time.sleep(6)
+    late = start_ranks([2], 3, port, SLURMDIST_INIT_TIMEOUT="3", INIT_RETRIES="8")
+    results = finish(early + late)
+    for result in results:
+        assert result.returncode == 0, result.stderr
+    check_allreduce("".join(r.stdout for r in results), 3)
+    assert "attempt 0 failed, retrying" in results[0].stderr  # rank 0 did retry: the test tested something
+
+
 def test_a_gloo_interface_the_user_chose_is_kept():
     procs = start_ranks(range(2), 2, free_port(), GLOO_SOCKET_IFNAME="lo,lo")  # two gloo devices, not our "lo"
     found = check_allreduce("".join(r.stdout for r in finish(procs)), 2)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 from datetime import timedelta
 
 import pytest
@@ -13,8 +14,8 @@ from slurmdist.distenv import DistEnv
 from slurmdist.errors import LaunchError, RendezvousError
 from slurmdist.launchers.slurm import hostfile_first_host
 from slurmdist.rendezvous import (
-    Deadline, addresses, compress_ranks, connect, hostfile_master, hostport, init_timeout, names_this_host,
-    resolve_host, resolve_master, run_prefix, strip_brackets, wait_listening,
+    Deadline, addresses, attempts_key, compress_ranks, connect, hostfile_master, hostport, init_timeout,
+    names_this_host, resolve_host, resolve_master, run_prefix, strip_brackets, wait_listening,
 )
 from tests.conftest import load_case
 
@@ -133,13 +134,13 @@ def test_run_prefix_is_the_same_on_mpirun_ranks_with_and_without_a_daemon_step()
     assert run_prefix(env, {}, 0) == run_prefix(env, {"SLURM_STEP_ID": "0"}, 0)
 
 
-def meet(world, ranks, timeout):
+def meet(world, ranks, timeout, port=None, environ=None):
     """Ranks as threads; returns {rank: None or the exception} after check_in + wait_all."""
-    port, outcome, meetings = free_port(), {}, []
+    port, outcome, meetings = port or free_port(), {}, []
 
     def rank_main(rank):
         try:
-            meetings.append(connect(env_of(rank, world, port), Deadline(timeout), {}))
+            meetings.append(connect(env_of(rank, world, port), Deadline(timeout), environ or {}))
             meetings[-1].wait_all()  # rank 0's store must outlive the others' reads: kept in `meetings`
             outcome[rank] = None
         except Exception as exc:  # collected and asserted on below
@@ -165,6 +166,36 @@ def test_missing_ranks_are_named_on_every_present_rank():
         assert isinstance(exc, RendezvousError)
         assert "3 of 5 ranks arrived; rank(s) 1,4 never arrived" in str(exc)
         assert f"127.0.0.1:{port}" in str(exc)
+
+
+def test_a_rank_that_missed_a_failed_attempt_meets_the_retry_at_an_agents_store():
+    # torchrun's agent (or slurmdist run's store host) keeps one store across attempts. Ranks 0-1 time out
+    # waiting for rank 2 and retry; rank 2 comes only then, on its first attempt. All three meet.
+    import torch.distributed as dist
+
+    port, environ = free_port(), {"TORCHELASTIC_USE_AGENT_STORE": "True"}
+    agent = dist.TCPStore("127.0.0.1", port, None, True, timedelta(seconds=60), wait_for_workers=False)
+    first, _ = meet(3, [0, 1], timeout=1, port=port, environ=environ)
+    assert set(first) == {0, 1}
+    assert all("rank(s) 2 never arrived" in str(exc) for exc in first.values()), first
+    retry, _ = meet(3, [0, 1, 2], timeout=30, port=port, environ=environ)
+    assert retry == {0: None, 1: None, 2: None}
+    assert agent.add(attempts_key(run_prefix(env_of(0, 3, port), environ, 0)), 0) == 1  # moved on once
+
+
+def test_a_rank_that_checks_in_to_a_failed_attempt_leaves_it_at_once():
+    # It read the attempt number just before the others gave up: its check-in completes the count, finds
+    # their verdict and fails at once, instead of waiting its whole timeout for ranks that have moved on.
+    import torch.distributed as dist
+
+    port, environ = free_port(), {"TORCHELASTIC_USE_AGENT_STORE": "True"}
+    agent = dist.TCPStore("127.0.0.1", port, None, True, timedelta(seconds=60), wait_for_workers=False)
+    meet(2, [0], timeout=0.5, port=port, environ=environ)
+    agent.set(attempts_key(run_prefix(env_of(0, 2, port), environ, 0)), "0")  # read before rank 0 failed
+    started = time.monotonic()
+    with pytest.raises(RendezvousError, match=r"rank\(s\) 1 never arrived"):
+        connect(env_of(1, 2, port), Deadline(30), environ)  # gloo's ranks go from check-in to the mesh
+    assert time.monotonic() - started < 15  # not the 30 s timeout
 
 
 def test_rank_0_never_started():

@@ -3,6 +3,7 @@
 `python allreduce.py [slurmdist|plain] [BACKEND]`: `plain` is torch's own env:// start, for comparison.
 With ALLREDUCE_TWICE=1 a slurmdist rank also shuts down and forms the group a second time; rank 0 first
 sleeps RANK0_LINGER seconds, if set, so the others reach its port while its first store still serves.
+With INIT_RETRIES=N a slurmdist rank calls init() again, up to N more times, after a RendezvousError.
 """
 
 import json
@@ -16,6 +17,18 @@ import torch.distributed as dist
 import slurmdist
 
 
+def init_with_retries(backend: str) -> slurmdist.DistEnv:
+    retries = int(os.environ.get("INIT_RETRIES", "0"))
+    for attempt in range(retries + 1):
+        try:
+            return slurmdist.init(backend)
+        except slurmdist.RendezvousError as exc:
+            if attempt == retries:
+                raise
+            print(f"attempt {attempt} failed, retrying: {exc}", file=sys.stderr, flush=True)
+    raise AssertionError("unreachable")
+
+
 def main() -> int:
     mode = sys.argv[1] if len(sys.argv) > 1 else "slurmdist"
     started, wall_start = time.monotonic(), time.time()
@@ -23,7 +36,7 @@ def main() -> int:
         dist.init_process_group("gloo")
         rank, world, launcher = dist.get_rank(), dist.get_world_size(), "plain"
     else:
-        env = slurmdist.init(sys.argv[2] if len(sys.argv) > 2 else "auto")
+        env = init_with_retries(sys.argv[2] if len(sys.argv) > 2 else "auto")
         rank, world, launcher = env.rank, env.world_size, env.launcher
     tensor = torch.tensor([float(rank + 1)])
     dist.all_reduce(tensor)
