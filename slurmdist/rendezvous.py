@@ -497,9 +497,10 @@ def attempts_key(base: str) -> str:
     return f"{base}/attempts"
 
 
-def current_keys(store: Any, base: str) -> Keys:
-    """The keys of the attempt the store is at under `base` (one store round trip)."""
-    return Keys(base, int(store.add(attempts_key(base), 0)))
+def current_keys(store: Any, base: str, served_here: bool = False) -> Keys:
+    """The keys of the attempt the store is at under `base`: one store round trip, none for a store this
+    rank has just started (no attempt has failed there yet)."""
+    return Keys(base) if served_here else Keys(base, int(store.add(attempts_key(base), 0)))
 
 
 def compress_ranks(ranks: Sequence[int]) -> str:
@@ -658,7 +659,7 @@ def connect(env: DistEnv, deadline: Deadline, environ: Mapping[str, str], genera
     base = run_prefix(env, environ, generation)
     if env.master_addr is None or env.master_port is None:
         store, env, reach = _mpi_store(env, deadline, environ)
-        keys = current_keys(store, base)
+        keys = current_keys(store, base, served_here=env.rank == 0)
     else:
         if names_this_host(env.master_addr, socket.gethostname()):
             # The store listens on every interface: ranks on the master's own node (rank 0 among them) reach
@@ -693,7 +694,7 @@ def open_meeting(
             host, env.master_port, env.rank, env.world_size, deadline, serve=serve, candidates=candidates
         )
         try:
-            keys = current_keys(store, base)
+            keys = current_keys(store, base, served_here=serve)
             if serve or not rank0_serves or _rank0_checked_in(store, keys.arrived(0), deadline):
                 return store, peer, keys
             closed: BaseException = RuntimeError("it closed before rank 0 checked in there")

@@ -30,6 +30,18 @@ def free_port():
         return sock.getsockname()[1]
 
 
+AGENT_ENVIRON = {"TORCHELASTIC_USE_AGENT_STORE": "True"}  # every rank joins, none serves
+
+
+@pytest.fixture
+def agent_store():
+    """A store served the way torchrun's agent (or slurmdist run's store host) serves it: (port, store)."""
+    import torch.distributed as dist
+
+    port = free_port()
+    return port, dist.TCPStore("127.0.0.1", port, None, True, timedelta(seconds=60), wait_for_workers=False)
+
+
 def test_ipv6_is_bracketed_once():
     assert hostport("::1", 29500) == "[::1]:29500"
     assert hostport("[fe80::1%eth0]", 1) == "[fe80::1%eth0]:1"
@@ -97,10 +109,10 @@ def test_waiting_for_the_store_looks_the_master_name_up_once(monkeypatch):
     assert len(lookups) == 1
 
 
-def test_joining_the_store_looks_the_master_name_up_once_in_all(monkeypatch):
+def test_joining_the_store_looks_the_master_name_up_once_in_all(monkeypatch, agent_store):
     # A master name that resolves (here only through Python's resolver, which the test answers): connect()
     # resolves it once, polls the port at the answer, and the store client dials the address that answered.
-    port, lookups = free_port(), []
+    (port, agent), lookups = agent_store, []
     real_getaddrinfo = socket.getaddrinfo
 
     def answering(host, *args, **kwargs):
@@ -110,11 +122,7 @@ def test_joining_the_store_looks_the_master_name_up_once_in_all(monkeypatch):
         return real_getaddrinfo(host, *args, **kwargs)
 
     monkeypatch.setattr(socket, "getaddrinfo", answering)
-    import torch.distributed as dist
-
-    agent = dist.TCPStore("127.0.0.1", port, None, True, timedelta(seconds=30), wait_for_workers=False)
-    agent_environ = {"TORCHELASTIC_USE_AGENT_STORE": "True"}
-    meeting = connect(env_of(1, 2, port, addr="masternode.test"), Deadline(30), agent_environ)
+    meeting = connect(env_of(1, 2, port, addr="masternode.test"), Deadline(30), AGENT_ENVIRON)
     assert len(lookups) == 1
     assert meeting.reach == "127.0.0.1" and meeting.env.master_addr == "masternode.test"
     assert agent.add(meeting.keys.count, 0) == 1  # checked in at the agent's store
@@ -168,33 +176,27 @@ def test_missing_ranks_are_named_on_every_present_rank():
         assert f"127.0.0.1:{port}" in str(exc)
 
 
-def test_a_rank_that_missed_a_failed_attempt_meets_the_retry_at_an_agents_store():
+def test_a_rank_that_missed_a_failed_attempt_meets_the_retry_at_an_agents_store(agent_store):
     # torchrun's agent (or slurmdist run's store host) keeps one store across attempts. Ranks 0-1 time out
     # waiting for rank 2 and retry; rank 2 comes only then, on its first attempt. All three meet.
-    import torch.distributed as dist
-
-    port, environ = free_port(), {"TORCHELASTIC_USE_AGENT_STORE": "True"}
-    agent = dist.TCPStore("127.0.0.1", port, None, True, timedelta(seconds=60), wait_for_workers=False)
-    first, _ = meet(3, [0, 1], timeout=1, port=port, environ=environ)
+    port, agent = agent_store
+    first, _ = meet(3, [0, 1], timeout=1, port=port, environ=AGENT_ENVIRON)
     assert set(first) == {0, 1}
     assert all("rank(s) 2 never arrived" in str(exc) for exc in first.values()), first
-    retry, _ = meet(3, [0, 1, 2], timeout=30, port=port, environ=environ)
+    retry, _ = meet(3, [0, 1, 2], timeout=30, port=port, environ=AGENT_ENVIRON)
     assert retry == {0: None, 1: None, 2: None}
-    assert agent.add(attempts_key(run_prefix(env_of(0, 3, port), environ, 0)), 0) == 1  # moved on once
+    assert agent.add(attempts_key(run_prefix(env_of(0, 3, port), AGENT_ENVIRON, 0)), 0) == 1  # moved on once
 
 
-def test_a_rank_that_checks_in_to_a_failed_attempt_leaves_it_at_once():
+def test_a_rank_that_checks_in_to_a_failed_attempt_leaves_it_at_once(agent_store):
     # It read the attempt number just before the others gave up: its check-in completes the count, finds
     # their verdict and fails at once, instead of waiting its whole timeout for ranks that have moved on.
-    import torch.distributed as dist
-
-    port, environ = free_port(), {"TORCHELASTIC_USE_AGENT_STORE": "True"}
-    agent = dist.TCPStore("127.0.0.1", port, None, True, timedelta(seconds=60), wait_for_workers=False)
-    meet(2, [0], timeout=0.5, port=port, environ=environ)
-    agent.set(attempts_key(run_prefix(env_of(0, 2, port), environ, 0)), "0")  # read before rank 0 failed
+    port, agent = agent_store
+    meet(2, [0], timeout=0.5, port=port, environ=AGENT_ENVIRON)
+    agent.set(attempts_key(run_prefix(env_of(0, 2, port), AGENT_ENVIRON, 0)), "0")  # read before rank 0 failed
     started = time.monotonic()
     with pytest.raises(RendezvousError, match=r"rank\(s\) 1 never arrived"):
-        connect(env_of(1, 2, port), Deadline(30), environ)  # gloo's ranks go from check-in to the mesh
+        connect(env_of(1, 2, port), Deadline(30), AGENT_ENVIRON)  # gloo's ranks go from check-in to the mesh
     assert time.monotonic() - started < 15  # not the 30 s timeout
 
 
