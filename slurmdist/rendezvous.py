@@ -556,7 +556,7 @@ class Rendezvous:
             if self.store.add(self.keys.count, 1) == self.env.world_size:
                 verdict = self.store.compare_set(self.keys.verdict, "", "go").decode()
                 if verdict != "go":  # the attempt failed just before this rank came: the others have left it
-                    self.fail()
+                    self.fail(late=True)
 
     def master_reach(self) -> str:
         """The address other nodes reach the master's node at. A rank that took the loopback shortcut learns it
@@ -577,8 +577,9 @@ class Rendezvous:
             if _get(self.store, self.keys.verdict) != "go":
                 self.fail()
 
-    def fail(self, cause: Optional[BaseException] = None) -> None:
-        """Agree on what went wrong with the other present ranks, then raise it as a `RendezvousError`."""
+    def fail(self, cause: Optional[BaseException] = None, late: bool = False) -> None:
+        """Agree on what went wrong with the other present ranks, then raise it as a `RendezvousError`.
+        `late`: this rank checked in after the others had given up, so the verdict names it as missing."""
         with self._store_errors(cause):
             if self.store.add(self.keys.reporter, 1) == 1:
                 self.store.compare_set(self.keys.verdict, "", self._missing_text())
@@ -596,6 +597,11 @@ class Rendezvous:
                 self._linger()
         if verdict == "go" or "never arrived" not in verdict:  # nobody missing: the cause is the news
             verdict = f"every rank arrived, but: {_first_line(cause)}" if cause is not None else verdict
+        if late:
+            verdict = (
+                f"rank {self.env.rank} came after the others had given up on this attempt (their verdict: "
+                f"{verdict}); calling init() again meets their retry"
+            )
         raise RendezvousError(
             f"rendezvous at {self.where} failed after {self.deadline.seconds - self.deadline.remaining(0):.0f} s "
             f"(timeout {self.deadline.seconds:.0f} s): {verdict} (world size {self.env.world_size}; this is "

@@ -195,9 +195,10 @@ def test_a_rank_that_checks_in_to_a_failed_attempt_leaves_it_at_once(agent_store
     meet(2, [0], timeout=0.5, port=port, environ=AGENT_ENVIRON)
     agent.set(attempts_key(run_prefix(env_of(0, 2, port), AGENT_ENVIRON, 0)), "0")  # read before rank 0 failed
     started = time.monotonic()
-    with pytest.raises(RendezvousError, match=r"rank\(s\) 1 never arrived"):
+    with pytest.raises(RendezvousError, match=r"rank\(s\) 1 never arrived") as raised:
         connect(env_of(1, 2, port), Deadline(30), AGENT_ENVIRON)  # gloo's ranks go from check-in to the mesh
     assert time.monotonic() - started < 15  # not the 30 s timeout
+    assert "rank 1 came after the others had given up on this attempt" in str(raised.value)  # not a lost rank
 
 
 def test_rank_0_never_started():
