@@ -273,10 +273,14 @@ def mpi_comm(env: DistEnv, environ: Mapping[str, str]) -> Any:
     try:
         from mpi4py import MPI
     except ImportError as exc:
+        lacking = (
+            "spans several nodes and gives no master address"
+            if env.master_addr is None
+            else "gives no master port (on one node only Open MPI's does)"
+        )
         raise RendezvousError(
-            f"the {env.launcher} launch spans several nodes and gives no master address, so slurmdist needs "
-            "mpi4py to share rank 0's address (pip install mpi4py against your MPI), or set MASTER_ADDR and "
-            f"MASTER_PORT yourself ({exc})"
+            f"the {env.launcher} launch {lacking}, so slurmdist needs mpi4py to share rank 0's address and "
+            f"port (pip install mpi4py against your MPI), or set MASTER_ADDR and MASTER_PORT yourself ({exc})"
         ) from None
     comm = MPI.COMM_WORLD
     if comm.Get_size() != env.world_size or comm.Get_rank() != env.rank:

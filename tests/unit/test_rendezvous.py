@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import sys
 import threading
 import time
 from datetime import timedelta
@@ -15,7 +16,7 @@ from slurmdist.errors import LaunchError, RendezvousError
 from slurmdist.launchers.slurm import hostfile_first_host
 from slurmdist.rendezvous import (
     Deadline, addresses, attempts_key, compress_ranks, connect, hostfile_master, hostport, init_timeout,
-    names_this_host, resolve_host, resolve_master, run_prefix, strip_brackets, wait_listening,
+    mpi_comm, names_this_host, resolve_host, resolve_master, run_prefix, strip_brackets, wait_listening,
 )
 from tests.conftest import load_case
 
@@ -214,6 +215,22 @@ def test_busy_port():
         port = squatter.getsockname()[1]
         with pytest.raises(RendezvousError, match=f"cannot listen on the rendezvous port {port}"):
             connect(env_of(0, 2, port), Deadline(5), {})
+
+
+@pytest.mark.parametrize(
+    "layout, says",
+    [
+        ({"MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "2"}, "the pmi launch gives no master port"),  # one node
+        ({"MPI_LOCALRANKID": "0", "MPI_LOCALNRANKS": "1"}, "the pmi launch spans several nodes and gives no master"),
+    ],
+)
+def test_an_mpi_launch_without_mpi4py_says_what_it_lacks(monkeypatch, layout, says):
+    # MPICH / Intel MPI give no port even on one node, so they need mpi4py there too (Open MPI does not).
+    monkeypatch.setitem(sys.modules, "mpi4py", None)  # import fails as when it is not installed
+    env = detect({"PMI_RANK": "1", "PMI_SIZE": "2", **layout})
+    with pytest.raises(RendezvousError, match=says) as raised:
+        mpi_comm(env, {})
+    assert "pip install mpi4py" in str(raised.value) and "set MASTER_ADDR and MASTER_PORT" in str(raised.value)
 
 
 def test_resolve_master_keeps_what_detect_gave():
