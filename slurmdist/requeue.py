@@ -49,6 +49,7 @@ REQUEUE_COMMAND_TIMEOUT = 60.0  # seconds for `scontrol requeue`
 KILL_WAIT_TIMEOUT = 120.0  # seconds rank 0 waits for Slurm to end it after a requeue (KillWait is 30 s by default)
 
 SignalSpec = Union[str, int, signal.Signals, None]
+UNCATCHABLE = frozenset({signal.SIGKILL, signal.SIGSTOP})
 
 
 class RequeueError(SlurmdistError):
@@ -78,20 +79,26 @@ class Plan:
 
 def parse_signal(spec: SignalSpec = None, environ: Optional[Mapping[str, str]] = None) -> signal.Signals:
     """`spec` ('USR2', 'SIGUSR2', 12, a Signals) as a signal; None reads SLURMDIST_REQUEUE_SIGNAL, else USR2."""
+    from_environ = False
     if spec is None:
         environ = os.environ if environ is None else environ
         spec = environ.get(SIGNAL_VARIABLE, "").strip() or DEFAULT_SIGNAL
+        from_environ = SIGNAL_VARIABLE in environ
+    named = f"{SIGNAL_VARIABLE}={spec!r}" if from_environ else f"requeue signal {spec!r}"
     if isinstance(spec, signal.Signals):
-        return spec
-    text = str(spec).strip().upper()
-    try:
-        if text.isdigit():
-            return signal.Signals(int(text))
-        return signal.Signals[text if text.startswith("SIG") else "SIG" + text]
-    except (KeyError, ValueError):
-        raise RequeueError(
-            f"requeue signal {spec!r} is not a signal name or number; use e.g. USR2 (the default) or TERM"
-        ) from None
+        sig = spec
+    else:
+        text = str(spec).strip().upper()
+        try:
+            sig = signal.Signals(int(text)) if text.isdigit() else signal.Signals[
+                text if text.startswith("SIG") else "SIG" + text]
+        except (KeyError, ValueError):
+            raise RequeueError(
+                f"{named} is not a signal name or number; use e.g. USR2 (the default) or TERM"
+            ) from None
+    if sig in UNCATCHABLE:
+        raise RequeueError(f"{named} cannot be caught, so no checkpoint could follow it; use e.g. USR2")
+    return sig
 
 
 def slurm_name(sig: signal.Signals) -> str:

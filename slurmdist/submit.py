@@ -40,6 +40,8 @@ __all__ = [
 
 DEFAULT_FOLDER = "slurmdist-logs/%j"
 DEFAULT_SIGNAL_DELAY = 120  # seconds between the warning signal and the time limit: room to save a checkpoint
+MAX_SIGNAL_DELAY = 65535  # the most seconds sbatch --signal=SIG@DELAY takes
+SIGNAL_EARLY = 60  # seconds Slurm may send the warning ahead of the asked time (its event resolution)
 SLURM_CALL_TIMEOUT = 15.0  # seconds for one squeue/sacct call
 RESULT_GRACE = 5.0  # seconds to wait for result files after Slurm says the job ended (shared file systems lag)
 
@@ -48,13 +50,16 @@ FINISHED_STATES = frozenset({
     "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",
     "PREEMPTED", "REVOKED", "SPECIAL_EXIT",
 })
+# States in which every task may have written its result before Slurm says the job ended (UNKNOWN: Slurm has
+# forgotten the job).
+RESULTS_AHEAD_STATES = frozenset({"RUNNING", "COMPLETING", "UNKNOWN"})
 # Options slurmdist sets itself: passing them through `sbatch=` would contradict the job's layout or logs.
 MANAGED_OPTIONS = frozenset({
     "nodes", "ntasks", "ntasks-per-node", "gpus-per-node", "cpus-per-task", "time", "partition", "account",
     "mem", "job-name", "output", "error", "signal", "array", "open-mode", "wrap",
 })
 _OPTION_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
-_MEM = re.compile(r"^\d+(\.\d+)?[KMGT]?B?$", re.IGNORECASE)
+_MEM = re.compile(r"^\d+[KMGT]?B?$", re.IGNORECASE)  # sbatch takes no fractions ("1.5G"): a number is converted
 
 
 class SubmitError(SlurmdistError):
@@ -92,9 +97,9 @@ def parse_time(value: Union[int, float, str]) -> int:
 
 
 def _slurm_time_minutes(text: str) -> float:
-    days, _, rest = text.rpartition("-") if "-" in text else ("", "", text)
+    days, dash, rest = text.rpartition("-")
     parts = rest.split(":")
-    if not all(p.isdigit() for p in parts) or (days and not days.isdigit()) or not 1 <= len(parts) <= 3:
+    if not all(p.isdigit() for p in parts) or (dash and not days.isdigit()) or not 1 <= len(parts) <= 3:
         raise SubmitError(f"time={text!r} is not a Slurm time: use minutes or HH:MM:SS or D-HH:MM:SS")
     numbers = [int(p) for p in parts]
     if days:  # D-HH, D-HH:MM, D-HH:MM:SS
@@ -117,7 +122,8 @@ def parse_mem(value: Union[int, float, str]) -> str:
         return f"{int(value)}G" if float(value).is_integer() else f"{math.ceil(value * 1024)}M"
     text = str(value).strip()
     if not _MEM.match(text):
-        raise SubmitError(f"mem={value!r} is not a Slurm memory size such as 32G or 500M")
+        raise SubmitError(f"mem={value!r} is not a Slurm memory size such as 32G or 500M (whole numbers; "
+                          "mem=1.5 as a number is 1.5 GiB)")
     return text.upper()
 
 
@@ -156,7 +162,7 @@ class Resources:
                 raise SubmitError(f"{name}={value!r} must be one non-empty line of text (it becomes an #SBATCH line)")
         if isinstance(self.setup, str):
             raise SubmitError("setup must be a list of shell lines, not one string")
-        parse_time(self.time)
+        self._check_signal_delay(parse_time(self.time))
         if self.mem is not None:
             parse_mem(self.mem)
         try:
@@ -164,6 +170,21 @@ class Resources:
         except RequeueError as error:
             raise SubmitError(str(error)) from None
         _check_sbatch_options(self.sbatch)
+
+    def _check_signal_delay(self, minutes: int) -> None:
+        if self.signal_delay > MAX_SIGNAL_DELAY:
+            raise SubmitError(f"signal_delay={self.signal_delay} s is more than Slurm's --signal accepts "
+                              f"({MAX_SIGNAL_DELAY} s)")
+        # Slurm may send the warning up to a minute early: a job warned at its start would requeue forever.
+        longest = minutes * 60 - SIGNAL_EARLY - 1
+        if self.signal_delay > longest:
+            shorter = f", or signal_delay to at most {longest} s" if longest >= 0 else ""
+            raise SubmitError(
+                f"signal_delay={self.signal_delay} s leaves no time to train within time={self.time!r} ({minutes} "
+                f"min): Slurm sends the warning that long before the limit, and up to {SIGNAL_EARLY} s earlier, so "
+                f"the job would be warned (and requeued) as it starts. Set time to at least "
+                f"{(self.signal_delay + SIGNAL_EARLY) // 60 + 1} min{shorter}"
+            )
 
     @property
     def ntasks_per_node(self) -> int:
@@ -181,6 +202,8 @@ def _check_sbatch_options(options: Mapping[str, Any]) -> None:
             raise SubmitError(f"sbatch option {key!r} is not an option name (letters, digits, '-' and '_')")
         if key.replace("_", "-") in MANAGED_OPTIONS:
             raise SubmitError(f"sbatch option {key!r} is set by slurmdist; use the matching argument instead")
+        if value is False:  # rendered as --key=False, which sbatch refuses
+            raise SubmitError(f"sbatch option {key}=False: leave the option out instead (True sets a flag)")
         if not isinstance(value, (str, int, float, bool)) or (isinstance(value, str) and "\n" in value):
             raise SubmitError(f"sbatch option {key}={value!r}: the value must be one line of text, a number or True")
 
@@ -257,15 +280,39 @@ class Command:
         import signal as signals
 
         sig = parse_signal(None)
-        # A no-op handler, not SIG_IGN: exec resets handlers to the default, so the child still gets the signal.
-        previous = signals.signal(sig, lambda signum, frame: None)
+        previous_term = signals.getsignal(signals.SIGTERM)
+
+        def warned(signum: int, frame: Any) -> None:
+            # The command handles the warning (it got the signal too). What follows is Slurm's SIGTERM: after a
+            # requeue, or at the time limit. submitit ignores SIGTERM, and this process would then report the
+            # killed command as a failure of a job that is in fact queued again: die with the command instead.
+            signals.signal(signals.SIGTERM, signals.SIG_DFL)
+
+        # A handler, not SIG_IGN: exec resets handlers to the default, so the child still gets the signal.
+        previous = signals.signal(sig, warned)
         try:
             code = subprocess.call(list(self.argv), cwd=self.cwd)
         finally:
             signals.signal(sig, previous)
+            signals.signal(signals.SIGTERM, previous_term)
         if code != 0:
-            raise RuntimeError(f"command exited with status {code}: {shlex.join(self.argv)}")
+            raise RuntimeError(f"command {exit_text(code)}: {shlex.join(self.argv)}")
         return code
+
+
+def exit_text(code: int) -> str:
+    """'exited with status 3', or 'was killed by SIGUSR2' for a negative subprocess status."""
+    import signal as signals
+
+    if code >= 0:
+        return f"exited with status {code}"
+    try:
+        name = signals.Signals(-code).name
+    except ValueError:
+        name = f"signal {-code}"
+    hint = " (the requeue warning: handle it in the command, or pick one it handles with --signal)" if (
+        -code == parse_signal(None)) else ""
+    return f"was killed by {name}{hint}"
 
 
 # --- side effects: building executors and submitting ---------------------------------------------------------
@@ -304,7 +351,8 @@ class Submitter:
 
     def submit(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Run ``fn(*args, **kwargs)`` in every task of one job; returns the submitit job."""
-        return _submitting(lambda: self.executor.submit(fn, *args, **kwargs))
+        executor = self.executor  # first: without submitit, its error says what to install
+        return _submitting(lambda: executor.submit(fn, *args, **kwargs))
 
     def submit_command(self, argv: Sequence[str], cwd: Union[str, os.PathLike, None] = None) -> Any:
         """Run a command (``["python", "train.py", "--steps", "100"]``) in every task; no shell is involved."""
@@ -316,7 +364,8 @@ class Submitter:
     def map_array(self, fn: Callable[..., Any], *iterables: Iterable[Any]) -> List[Any]:
         """A job array, one job per ``fn(*args)`` for args in ``zip(*iterables)``: a sweep. Each element is a
         whole distributed job with these resources."""
-        return _submitting(lambda: self.executor.map_array(fn, *iterables))
+        executor = self.executor
+        return _submitting(lambda: executor.map_array(fn, *iterables))
 
 
 def build_executor(resources: Resources, cluster: str, folder: Path, python: Optional[str] = None) -> Any:
@@ -389,24 +438,30 @@ def _slurm_query(command: List[str], environ: Optional[Mapping[str, str]]) -> st
 
 
 def wait(job: Any, timeout: float, *, poll: float = 1.0,
-         on_state: Optional[Callable[[str], None]] = None) -> str:
+         on_state: Optional[Callable[[str], None]] = None, on_poll: Optional[Callable[[], None]] = None) -> str:
     """Wait until the job ends (every task wrote its result, or Slurm says it ended); return its state.
 
-    Raises `JobTimeoutError` after `timeout` seconds; the job keeps running. `on_state` hears every change.
+    Raises `JobTimeoutError` after `timeout` seconds; the job keeps running. `on_state` hears every change,
+    `on_poll` is called at every poll (to stream a log, say).
     """
     deadline = time.monotonic() + timeout
     last = ""
     written_at: Optional[float] = None
     while True:
         state = job_state(job)
-        if written_at is None and _all_results_written(job):
+        # Every task reported but Slurm has not caught up (the step is completing): trust the results soon. Only
+        # while the job runs: one queued again after a requeue may hold result files of the run before.
+        if state not in RESULTS_AHEAD_STATES:
+            written_at = None
+        elif written_at is None and _all_results_written(job):
             written_at = time.monotonic()
-        # Every task reported but Slurm has not caught up (the step is completing): trust the results soon.
-        if written_at is not None and state not in FINISHED_STATES and time.monotonic() - written_at > RESULT_GRACE:
+        if written_at is not None and time.monotonic() - written_at > RESULT_GRACE:
             state = "COMPLETED"
         if state != last and on_state is not None:
             on_state(state)
         last = state
+        if on_poll is not None:
+            on_poll()
         if state in FINISHED_STATES:
             return state
         if time.monotonic() >= deadline:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from .errors import SlurmdistError
+from .rendezvous import positive_seconds
 
 WAIT_TIMEOUT_DEFAULT = 86400.0  # seconds --wait follows a job when --timeout is not given
 EXIT_FAILED = 1
@@ -98,6 +99,8 @@ def run(args: argparse.Namespace) -> int:
     from .submit import Submitter, log_paths
 
     command = command_of(args)
+    if args.wait:  # checked before the job exists, not after
+        positive_seconds("--timeout", args.timeout, SlurmdistError)
     submitter = Submitter(**submitter_options(args))
     job = submitter.submit_command(command)
     stdout, stderr = log_paths(job)
@@ -127,15 +130,7 @@ def follow(job: Any, timeout: float) -> int:
 
     deadline = time.monotonic() + timeout
     try:
-        # Short waits in a loop, so rank 0's output streams while the job runs.
-        while True:
-            try:
-                wait(job, timeout=min(2.0, max(0.0, deadline - time.monotonic())), poll=0.5, on_state=on_state)
-                break
-            except JobTimeoutError:
-                tail.flush()
-                if time.monotonic() >= deadline:
-                    raise
+        wait(job, timeout=timeout, poll=0.5, on_state=on_state, on_poll=tail.flush)  # rank 0's output streams
         tail.flush()
         results(job, timeout=max(1.0, deadline - time.monotonic()))
     except JobTimeoutError as error:

@@ -144,6 +144,38 @@ def test_preempted_job_checkpoints_requeues_and_resumes(cluster, example, refere
     assert history == ["REQUEUED", "COMPLETED"]
 
 
+REQUEUEING_COMMAND = """
+import os, time
+import slurmdist.requeue
+preemption = slurmdist.requeue.install()
+restarts = os.environ.get("SLURM_RESTART_COUNT", "0")
+print("run", restarts, flush=True)
+if restarts == "0":
+    deadline = time.monotonic() + 100
+    while not preemption.requested and time.monotonic() < deadline:
+        time.sleep(0.1)
+    preemption.requeue()  # rank 0 requeues and waits to be ended; the others go on until Slurm ends them
+    time.sleep(100)
+print("finished after", restarts, "requeue(s)", flush=True)
+"""
+
+
+def test_a_submitted_command_that_requeues_itself_ends_with_its_requeued_run(cluster, tmp_path):
+    # Slurm's SIGTERM after the requeue kills the command; the task around it (submitit ignores SIGTERM)
+    # must die with it rather than report a failure of a job that is queued again.
+    from slurmdist.submit import Submitter, results
+
+    script = tmp_path / "requeueing.py"
+    script.write_text(REQUEUEING_COMMAND)
+    job = Submitter(nodes=2, tasks_per_node=1, time=5, folder=tmp_path / "%j").submit_command([PYTHON, str(script)])
+    wait_for_line(job.paths.stdout, "run 0")
+    cluster.run(["scancel", "--signal=USR2", job.job_id])
+    assert results(job, timeout=TIMEOUT) == [0, 0]
+    assert "finished after 1 requeue(s)" in job.paths.stdout.read_text()
+    history = cluster.run(["sacct", "-n", "-P", "-D", "-X", "-o", "State", "-j", job.job_id]).stdout.split()
+    assert history == ["REQUEUED", "COMPLETED"]
+
+
 def test_remote_traceback_reaches_the_caller(cluster, tmp_path):
     from slurmdist.submit import JobFailedError, Submitter, results
 

@@ -22,7 +22,7 @@ def test_parse_time_gives_whole_minutes(value, minutes):
     assert parse_time(value) == minutes
 
 
-@pytest.mark.parametrize("value", [0, -5, "", "1:2:3:4", "abc", "1-x", True, float("inf")])
+@pytest.mark.parametrize("value", [0, -5, "-5", "", "1:2:3:4", "abc", "1-x", True, float("inf")])
 def test_parse_time_rejects_what_is_not_a_duration(value):
     with pytest.raises(SubmitError, match="time="):
         parse_time(value)
@@ -33,7 +33,7 @@ def test_parse_mem(value, text):
     assert parse_mem(value) == text
 
 
-@pytest.mark.parametrize("value", [0, "lots", "32G; rm -rf /", False])
+@pytest.mark.parametrize("value", [0, "lots", "32G; rm -rf /", False, "1.5G"])  # sbatch: "Invalid --mem"
 def test_parse_mem_rejects_garbage(value):
     with pytest.raises(SubmitError, match="mem="):
         parse_mem(value)
@@ -79,6 +79,11 @@ def test_signal_is_configurable():
     ({"sbatch": {"ntasks_per_node": 3}}, "set by slurmdist"),
     ({"sbatch": {"bad key\n#SBATCH --x": "1"}}, "not an option name"),
     ({"sbatch": {"comment": "two\nlines"}}, "one line"),
+    ({"sbatch": {"exclusive": False}}, "exclusive=False: leave the option out"),  # sbatch refuses --exclusive=False
+    ({"signal": "KILL"}, "cannot be caught"),
+    ({"time": 3}, r"signal_delay=120 s leaves no time .* time to at least 4 min, or signal_delay to at most 119 s"),
+    ({"time": 1, "signal_delay": 0}, r"warned \(and requeued\) as it starts. Set time to at least 2 min$"),
+    ({"signal_delay": 65536}, "more than Slurm's --signal accepts"),
 ])
 def test_resources_are_validated(changes, message):
     with pytest.raises(SubmitError, match=message):
@@ -142,3 +147,75 @@ def test_names_that_would_break_an_sbatch_line_are_refused(field, value):
 
     with pytest.raises(SubmitError, match=field):
         Resources(**{field: value})
+
+
+class FinishedTasks:
+    """A job whose every task has written its result file, as after a run that ended (or was requeued)."""
+
+    def __init__(self, folder, tasks=2):
+        self.job_id, self.num_tasks, self.folder = "42", tasks, folder
+        for task in range(tasks):
+            self.task(task).paths.result_pickle.write_bytes(b"")
+
+    def task(self, index):
+        from types import SimpleNamespace
+
+        return SimpleNamespace(paths=SimpleNamespace(result_pickle=self.folder / f"42_{index}_result.pkl"))
+
+
+@pytest.mark.parametrize("state, ends", [("RUNNING", True), ("COMPLETING", True), ("PENDING", False),
+                                         ("REQUEUED", False)])
+def test_result_files_end_the_wait_only_while_the_job_runs(tmp_path, monkeypatch, state, ends):
+    # Slurm may lag behind tasks that reported; but a job queued again after a requeue still holds the result
+    # files of the run before, and those must not pass for its end.
+    import slurmdist.submit as submit
+
+    monkeypatch.setattr(submit, "RESULT_GRACE", 0.2)
+    monkeypatch.setattr(submit, "job_state", lambda job: state)
+    job, polls = FinishedTasks(tmp_path), []
+    if ends:
+        assert submit.wait(job, timeout=30, poll=0.05, on_poll=lambda: polls.append(1)) == "COMPLETED"
+    else:
+        with pytest.raises(submit.JobTimeoutError, match=f"job 42 still {state}"):
+            submit.wait(job, timeout=1, poll=0.05, on_poll=lambda: polls.append(1))
+    assert len(polls) > 1  # the caller's log tail ran at every poll
+
+
+COMMAND_UNDER_SUBMITIT = """
+import signal, sys
+from slurmdist.submit import Command
+signal.signal(signal.SIGTERM, lambda signum, frame: None)  # as submitit's task process has it
+Command(tuple(sys.argv[1:]))()
+"""
+
+
+def test_a_command_task_dies_with_slurms_sigterm_once_warned():
+    # After the requeue warning, Slurm's SIGTERM (the requeue taking effect, or the time limit) must end the
+    # task process too: surviving it, it would report the killed command as a failure of the requeued job.
+    warned_then_ended = "kill -USR2 $PPID; sleep 0.5; kill -TERM $PPID; sleep 5; exit 3"
+    proc = subprocess.run([sys.executable, "-c", COMMAND_UNDER_SUBMITIT, "sh", "-c", warned_then_ended],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == -15, proc.stderr
+    # Without the warning SIGTERM stays submitit's business: the command's own status is reported.
+    proc = subprocess.run([sys.executable, "-c", COMMAND_UNDER_SUBMITIT, "sh", "-c", "kill -TERM $PPID; exit 3"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1 and "command exited with status 3" in proc.stderr, proc.stderr
+
+
+def test_a_command_killed_by_the_warning_is_told_to_handle_it():
+    proc = subprocess.run([sys.executable, "-c", COMMAND_UNDER_SUBMITIT, "sh", "-c", "kill -USR2 $$"],
+                          capture_output=True, text=True, timeout=60)
+    assert "command was killed by SIGUSR2 (the requeue warning: handle it in the command" in proc.stderr
+
+
+@pytest.mark.parametrize("submit", [
+    lambda submitter: submitter.submit(print),
+    lambda submitter: submitter.submit_command(["true"]),
+    lambda submitter: submitter.map_array(print, [1]),
+])
+def test_submitting_without_submitit_says_what_to_install(monkeypatch, submit):
+    from slurmdist.submit import Submitter
+
+    monkeypatch.setitem(sys.modules, "submitit", None)  # import fails as when it is not installed
+    with pytest.raises(SubmitError, match=r"needs submitit: pip install 'slurmdist\[submit\]'"):
+        submit(Submitter(cluster="local"))

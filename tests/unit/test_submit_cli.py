@@ -43,6 +43,9 @@ def test_sbatch_needs_a_key():
     (["submit", "--time", "soon", "--", "true"], "time="),
     (["submit", "--sbatch", "output=/tmp/x", "--", "true"], "set by slurmdist"),
     (["submit", "--gpus-per-node", "4", "--tasks-per-node", "2", "--", "true"], "one task per GPU"),
+    (["submit", "--time", "3", "--", "true"], "signal_delay=120 s leaves no time to train"),
+    *[(["submit", "--cluster", "local", "--wait", "--timeout", bad, "--", "true"], "--timeout=")
+      for bad in ("-5", "0", "nan", "inf")],  # refused before anything is submitted
 ])
 def test_bad_requests_exit_2_with_a_message(argv, message, capsys):
     assert main(argv) == 2

@@ -28,6 +28,14 @@ def test_signal_defaults_to_usr2_and_reads_the_environment():
 def test_unknown_signal_is_an_error():
     with pytest.raises(RequeueError, match="not a signal"):
         parse_signal("FOO")
+    with pytest.raises(RequeueError, match="SLURMDIST_REQUEUE_SIGNAL='USR3' is not a signal"):
+        parse_signal(None, {"SLURMDIST_REQUEUE_SIGNAL": "USR3"})
+
+
+@pytest.mark.parametrize("spec", ["KILL", "SIGSTOP", 9])
+def test_a_signal_that_cannot_be_caught_is_refused(spec):
+    with pytest.raises(RequeueError, match="cannot be caught"):
+        parse_signal(spec)
 
 
 def test_restart_count_and_limit():
