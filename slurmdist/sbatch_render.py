@@ -21,6 +21,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 from .errors import SlurmdistError
 
 LAUNCHERS = ("srun", "torchrun", "mpirun")
+DEFAULT_SIGNAL = "USR2@120"
 DEVICES = ("gpu", "npu", "cpu")
 
 # What each #SBATCH value may contain. Narrow on purpose: these are the characters real partition,
@@ -29,7 +30,7 @@ DEVICES = ("gpu", "npu", "cpu")
 _NAME = re.compile(r"[A-Za-z0-9_.+-]+(,[A-Za-z0-9_.+-]+)*")
 _TIME = re.compile(r"\d+(-\d+)?(:\d+){0,2}|\d+-\d+(:\d+)?")
 _PATH = re.compile(r"[A-Za-z0-9_./%+-]+")
-_SIGNAL = re.compile(r"(B:)?[A-Z0-9]+(@\d+)?")
+_SIGNAL = re.compile(r"(R:)?[A-Z0-9]+(@\d+)?")  # not B:, which signals only the batch shell (it would die)
 
 
 class SbatchError(SlurmdistError):
@@ -52,7 +53,7 @@ class JobSpec:
     output: str = "%x-%j.out"
     launcher: str = "srun"
     device: str = "gpu"
-    signal: Optional[str] = "USR2@120"
+    signal: Optional[str] = None  # the warning before the time limit: None = USR2@120 under srun, "" = none
     requeue: bool = True
 
 
@@ -85,7 +86,19 @@ def validate(spec: JobSpec) -> JobSpec:
     _check("account", spec.account, _NAME, "_ . + -")
     _check("time", spec.time, _TIME, "Slurm's formats: MINUTES, HH:MM:SS, D-HH:MM:SS")
     _check("output", spec.output, _PATH, "_ . / % + - (%x job name, %j job id)")
-    _check("signal", spec.signal, _SIGNAL, "Slurm's format: [B:]SIGNAL[@SECONDS], e.g. USR2@120")
+    if spec.signal is None:  # srun passes it to every task; torchrun's agent and mpirun would die of it
+        spec = replace(spec, signal=DEFAULT_SIGNAL if spec.launcher == "srun" else "")
+    if spec.signal and spec.signal.startswith("B:"):
+        raise SbatchError(f"--signal {spec.signal!r}: B: sends it to the batch shell only, which this script does "
+                          "not trap: the job would die without a checkpoint. Drop the B: (every task gets it)")
+    _check("signal", spec.signal or None, _SIGNAL, "Slurm's format: SIGNAL[@SECONDS], e.g. USR2@120")
+    if spec.signal and spec.launcher != "srun":
+        raise SbatchError(f"--signal {spec.signal!r} with --launcher {spec.launcher}: "
+                          f"{'torchrun' if spec.launcher == 'torchrun' else 'mpirun'} does not pass it on to the "
+                          "ranks and would die of it; use --launcher srun for a warning before the time limit")
+    if spec.gpus_per_node and spec.device == "cpu":
+        raise SbatchError(f"--gpus-per-node {spec.gpus_per_node} with --device cpu: drop one of them "
+                          "(CPU-only jobs give --tasks-per-node)")
     if spec.launcher == "torchrun":
         if spec.tasks_per_node not in (None, 1):
             raise SbatchError("--launcher torchrun runs one srun task per node (torchrun starts the workers): "
@@ -107,11 +120,13 @@ def render(spec: JobSpec, workers_per_node: Optional[int] = None) -> str:
     spec = validate(spec)
     lines = ["#!/bin/bash", "# Rendered by `slurmdist sbatch`. Submit with: sbatch THIS_FILE", "#"]
     lines += [f"#SBATCH {option}" for option in sbatch_options(spec)]
+    lines += ["", "set -euo pipefail"]
+    if spec.launcher != "mpirun":  # mpirun's own srun (its daemons, one per node) must keep the node's CPUs
+        lines += [
+            "# Slurm >= 22.05: srun no longer inherits --cpus-per-task from the allocation; hand it on when set.",
+            "if [[ -n ${SLURM_CPUS_PER_TASK:-} ]]; then export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK; fi",
+        ]
     lines += [
-        "",
-        "set -euo pipefail",
-        "# Slurm >= 22.05: srun no longer inherits --cpus-per-task from the allocation; hand it on.",
-        'export SRUN_CPUS_PER_TASK=${SLURM_CPUS_PER_TASK:-1}',
         'cd "${SLURM_SUBMIT_DIR:-.}"',
         'echo "job $SLURM_JOB_ID: $SLURM_NNODES node(s) ($SLURM_JOB_NODELIST), $SLURM_NTASKS task(s)"',
         "",
@@ -137,7 +152,7 @@ def sbatch_options(spec: JobSpec) -> List[str]:
     options.append(f"--time={spec.time}")
     options += [f"--{name}={value}" for name, value in (("partition", spec.partition), ("account", spec.account))
                 if value]
-    if spec.signal and spec.launcher == "srun":  # torchrun's agent and mpirun do not pass SIGUSR2 on
+    if spec.signal:  # srun only (validated): torchrun's agent and mpirun do not pass SIGUSR2 on
         options.append(f"--signal={spec.signal}")
     if spec.requeue:
         options.append("--requeue")
@@ -156,8 +171,10 @@ def launch_lines(spec: JobSpec, workers_per_node: Optional[int]) -> List[str]:
         return ["# One task per GPU: slurmdist.init() reads SLURM_PROCID / SLURM_LOCALID in each.",
                 f"srun --kill-on-bad-exit=1 {command}"]
     if spec.launcher == "mpirun":
+        # Ranks per node from the allocation, so `sbatch --ntasks-per-node=N` on the command line still fits.
+        per_node = f'"ppr:${{SLURM_NTASKS_PER_NODE:-{spec.tasks_per_node}}}:node"'
         return ["# mpirun reads the allocation and starts its daemons with srun; slurmdist reads the MPI ranks.",
-                f'mpirun -np "$SLURM_NTASKS" --map-by ppr:{spec.tasks_per_node}:node --bind-to none {command}']
+                f'mpirun -np "$SLURM_NTASKS" --map-by {per_node} --bind-to none {command}']
     workers = workers_per_node or max(spec.gpus_per_node, 1)
     return [
         "# torchrun, one per node; the c10d rendezvous is hosted on the first node, at its Slurm NodeAddr.",
@@ -198,7 +215,8 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--output", default="%x-%j.out", help="log file pattern (%%x job name, %%j job id)")
     parser.add_argument("--launcher", choices=LAUNCHERS, default="srun")
     parser.add_argument("--device", choices=DEVICES, default="gpu", help="npu: ask for --gres=npu:N")
-    parser.add_argument("--signal", default="USR2@120", help="warning signal before the time limit ('' for none)")
+    parser.add_argument("--signal", default=None,
+                        help="warning signal before the time limit (default USR2@120 with srun; '' for none)")
     parser.add_argument("--no-requeue", dest="requeue", action="store_false")
     parser.add_argument("--write", metavar="FILE", help="write the script to FILE instead of stdout")
     parser.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARGS...]")
@@ -222,7 +240,7 @@ def spec_from_args(args: argparse.Namespace) -> JobSpec:
         output=args.output,
         launcher=args.launcher,
         device=args.device,
-        signal=args.signal or None,
+        signal=args.signal,
         requeue=args.requeue,
     )
 
@@ -230,6 +248,9 @@ def spec_from_args(args: argparse.Namespace) -> JobSpec:
 def _sbatch(args: argparse.Namespace) -> int:
     if args.workers_per_node is not None and args.workers_per_node < 1:
         raise SbatchError(f"--workers-per-node must be at least 1, got {args.workers_per_node}")
+    if args.workers_per_node is not None and args.launcher != "torchrun":
+        raise SbatchError(f"--workers-per-node is for --launcher torchrun; with {args.launcher} each task is one "
+                          "rank: use --tasks-per-node")
     script = render(spec_from_args(args), args.workers_per_node)
     if args.write:
         try:

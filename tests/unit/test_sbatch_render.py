@@ -41,7 +41,8 @@ def stub_bin(directory: Path, record: Path) -> Path:
     directory.mkdir()
     for name in ("srun", "mpirun", "torchrun"):
         path = directory / name
-        path.write_text(f'#!/bin/bash\nprintf "%s\\0" {name} "$@" >> "{record}"\nprintf "\\n\\0" >> "{record}"\n')
+        path.write_text(f'#!/bin/bash\nprintf "%s\\0" {name} "$@" >> "{record}"\nprintf "\\n\\0" >> "{record}"\n'
+                        f'echo "{name} ${{SRUN_CPUS_PER_TASK-unset}}" >> "{record}.cpus"\n')
         path.chmod(path.stat().st_mode | stat.S_IXUSR)
     scontrol = directory / "scontrol"  # `show hostnames` and `show node` for the torchrun head address
     scontrol.write_text('#!/bin/bash\nif [[ $* == *hostnames* ]]; then echo node1;'
@@ -50,8 +51,9 @@ def stub_bin(directory: Path, record: Path) -> Path:
     return directory
 
 
-def run_script(script: str, tmp_path: Path) -> List[List[str]]:
-    """Run `script` with bash as a Slurm batch step would; return each stub call's argv."""
+def run_script(script: str, tmp_path: Path, **slurm: str) -> List[List[str]]:
+    """Run `script` with bash as a Slurm batch step would; return each stub call's argv. `slurm` overrides
+    (or, given as "", removes) the job's variables."""
     record = tmp_path / "calls"
     bin_dir = stub_bin(tmp_path / "bin", record)
     path = tmp_path / "job.sh"
@@ -62,6 +64,8 @@ def run_script(script: str, tmp_path: Path) -> List[List[str]]:
         "SLURM_JOB_NODELIST": "node[1-2]", "SLURM_SUBMIT_DIR": str(tmp_path), "SLURMD_NODENAME": "node1",
         "SLURM_NODEID": "0",
     }
+    env.update(slurm)
+    env = {key: value for key, value in env.items() if value != ""}
     done = subprocess.run(["bash", str(path)], env=env, capture_output=True, text=True, timeout=30, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     calls = record.read_text().split("\n\0") if record.exists() else []
@@ -123,6 +127,11 @@ def test_cli_refuses_with_status_2_and_no_traceback(capsys, tmp_path):
     (["--nodes", "0", "--", "python", "t.py"], "--nodes must be at least 1"),
     (["--launcher", "torchrun", "--", "python", "t.py"], "starts Python itself"),
     (["--launcher", "torchrun", "--tasks-per-node", "4", "--", "t.py"], "one srun task per node"),
+    (["--signal", "B:USR2@120", "--", "python", "t.py"], "B: sends it to the batch shell only"),
+    (["--launcher", "torchrun", "--signal", "USR2@60", "--", "t.py"], "torchrun does not pass it on"),
+    (["--launcher", "mpirun", "--signal", "USR2@60", "--", "python", "t.py"], "mpirun does not pass it on"),
+    (["--workers-per-node", "2", "--", "python", "t.py"], "--workers-per-node is for --launcher torchrun"),
+    (["-G", "4", "--device", "cpu", "--", "python", "t.py"], "--gpus-per-node 4 with --device cpu"),
 ])
 def test_cli_usage_errors(capsys, args, message):
     assert cli.main(["sbatch", *args]) == 2
@@ -156,3 +165,22 @@ def test_write_to_a_file(tmp_path, capsys):
     assert target.read_text().startswith("#!/bin/bash\n")
     assert "sbatch" in capsys.readouterr().err
     assert cli.main(["sbatch", "--write", str(tmp_path / "missing" / "job.sh"), "--", "python", "t.py"]) == 2
+
+
+@pytest.mark.parametrize("cpus, seen", [("4", "4"), ("", "unset")])
+def test_srun_gets_the_jobs_cpus_per_task_only_when_the_job_set_it(tmp_path, cpus, seen):
+    # Without -c, srun gives the step every CPU of the allocation; a default of 1 would pin each task to a core.
+    run_script(render(JobSpec(command=("python", "t.py"), nodes=2, gpus_per_node=4)), tmp_path,
+               SLURM_CPUS_PER_TASK=cpus)
+    assert (tmp_path / "calls.cpus").read_text() == f"srun {seen}\n"
+
+
+def test_mpirun_keeps_its_daemons_cpus_and_takes_ranks_per_node_from_the_allocation(tmp_path):
+    # mpirun starts its daemons with srun, one per node: SRUN_CPUS_PER_TASK would shrink them to one task's CPUs.
+    script = render(JobSpec(command=("python", "t.py"), nodes=2, gpus_per_node=4, launcher="mpirun"))
+    assert "SRUN_CPUS_PER_TASK" not in script
+    [call] = run_script(script, tmp_path, SLURM_NTASKS_PER_NODE="2")  # `sbatch --ntasks-per-node=2 job.sh`
+    assert call[call.index("--map-by") + 1] == "ppr:2:node"
+    (tmp_path / "default").mkdir()
+    [call] = run_script(script, tmp_path / "default")
+    assert call[call.index("--map-by") + 1] == "ppr:4:node"
