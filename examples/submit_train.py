@@ -39,23 +39,6 @@ def load_train(path: str) -> ModuleType:
     return sys.modules[name]
 
 
-class RequeueAfterSave:
-    """The `request` train.train() polls: rank 0 reads `.requested` at every step boundary, saves the
-    checkpoint when it is set, then clears it. Clearing it after the signal means "saved": requeue now."""
-
-    def __init__(self, preemption: Preemption) -> None:
-        self.preemption = preemption
-
-    @property
-    def requested(self) -> bool:
-        return self.preemption.requested
-
-    @requested.setter
-    def requested(self, value: bool) -> None:
-        if not value and self.preemption.requested:
-            self.preemption.requeue()  # rank 0: scontrol requeue; Slurm then ends every rank
-
-
 class Train(Resumable):
     """train.py's training as one submitit job; `train_args` are train.py's options (not --checkpoint)."""
 
@@ -74,7 +57,7 @@ class Train(Resumable):
         if env.device.type == "cpu":
             torch.set_num_threads(args.threads)
         try:
-            outcome = train.train(args, env, RequeueAfterSave(preemption))
+            outcome = train.train(args, env, train.RequeueAfterSave(preemption))
             slurmdist.barrier()  # nobody tears the group down while rank 0 still saves
         finally:
             slurmdist.shutdown()

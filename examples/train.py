@@ -10,8 +10,9 @@ Why it is built this way:
   rounding), and the same world size gives bit-identical parameters under every launcher.
 - Everything a resumed run needs lives in one `TrainState`, saved atomically by rank 0. A run finds its
   checkpoint at start and continues, so a requeued job (`sbatch --requeue`, `--signal`) loses little work;
-  SIGUSR2 asks for a checkpoint at the next step boundary; SIGTERM (scancel, the time limit) for a checkpoint
-  and a clean stop, at a step all ranks agree on, with exit status 143.
+  SIGUSR2 asks for a checkpoint at the next step boundary (with `--requeue`, rank 0 then requeues the Slurm job,
+  which resumes under the same job id, instead of running into its time limit); SIGTERM (scancel, the time
+  limit, a preemption) for a checkpoint and a clean stop, at a step all ranks agree on, with exit status 143.
 - Rank 0 writes `--out` as JSON: {"world_size": W, "loss": L, "checksum": sha256 of the final parameters}.
 """
 
@@ -36,6 +37,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DistributedSampler, TensorDataset
 
 import slurmdist
+import slurmdist.requeue
 
 FEATURES, HIDDEN = 16, 32
 # What `#SBATCH --signal=USR2@120` sends before the time limit (USR2: NCCL has used SIGUSR1 itself).
@@ -51,6 +53,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument("--checkpoint", type=Path, help="resume from this file if it exists; save to it")
     parser.add_argument("--checkpoint-every", type=int, default=0, metavar="N",
                         help="also save every N steps (default: only at the end and on SIGUSR2)")
+    parser.add_argument("--requeue", action="store_true",
+                        help="on SIGUSR2, save and requeue the Slurm job (slurmdist.requeue), which then resumes; "
+                        "needs --checkpoint and a job submitted with --requeue")
     parser.add_argument("--batch-size", type=int, default=48,
                         help="GLOBAL batch, split evenly across ranks (48 divides by 1, 2, 3, 4, 6, 8, 12, 16)")
     parser.add_argument("--batches-per-epoch", type=int, default=20, help="synthetic data set size, in batches")
@@ -63,6 +68,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     for name in ("steps", "batch_size", "batches_per_epoch", "threads"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    if args.requeue and not args.checkpoint:
+        parser.error("--requeue needs --checkpoint: the requeued job resumes from it")
     return args
 
 
@@ -199,6 +206,33 @@ class CheckpointRequest:
         signal.signal(signal.SIGTERM, lambda signum, frame: setattr(self, "stopping", True))
 
 
+class RequeueAfterSave:
+    """The request `train()` polls, when the warning signal means "save, then requeue the job".
+
+    Rank 0 reads `.requested` at every step boundary, saves the checkpoint when it is set, then clears it;
+    clearing it after the signal means "saved": requeue now (`scontrol requeue`; Slurm then ends every rank, and
+    the requeued job resumes from the checkpoint). SIGTERM before the warning (scancel, a preemption) still
+    saves and stops, as with `CheckpointRequest`; after it, SIGTERM is the requeue taking effect and ends the
+    process at once.
+    """
+
+    def __init__(self, preemption: "slurmdist.requeue.Preemption") -> None:
+        self.preemption = preemption
+        self.stopping = False
+
+    def install(self) -> None:
+        signal.signal(signal.SIGTERM, lambda signum, frame: setattr(self, "stopping", True))
+
+    @property
+    def requested(self) -> bool:
+        return self.preemption.requested
+
+    @requested.setter
+    def requested(self, value: bool) -> None:
+        if not value and self.preemption.requested:
+            self.preemption.requeue()  # rank 0: scontrol requeue, then wait to be ended; others: return
+
+
 class Stopped(Exception):
     """Training stopped early on SIGTERM, after saving its checkpoint."""
 
@@ -237,7 +271,10 @@ def settle_buckets(ddp: DistributedDataParallel, inputs: torch.Tensor) -> None:
     ddp.module.zero_grad(set_to_none=True)
 
 
-def train(args: argparse.Namespace, env: slurmdist.DistEnv, request: CheckpointRequest) -> Dict[str, Any]:
+Request = Any  # CheckpointRequest or RequeueAfterSave: `.requested` (settable) and `.stopping`
+
+
+def train(args: argparse.Namespace, env: slurmdist.DistEnv, request: Request) -> Dict[str, Any]:
     """Train to `args.steps` (resuming from `args.checkpoint` if present); return rank 0's result."""
     if args.batch_size % env.world_size:
         raise SystemExit(
@@ -288,7 +325,9 @@ def train(args: argparse.Namespace, env: slurmdist.DistEnv, request: CheckpointR
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
-    request = CheckpointRequest()
+    request: Request = CheckpointRequest()
+    if args.requeue:
+        request = RequeueAfterSave(slurmdist.requeue.install(CHECKPOINT_SIGNAL))
     request.install()
     try:
         env = slurmdist.init(backend=args.backend)
@@ -308,7 +347,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return status
 
 
-def train_and_report(args: argparse.Namespace, env: slurmdist.DistEnv, request: CheckpointRequest) -> int:
+def train_and_report(args: argparse.Namespace, env: slurmdist.DistEnv, request: Request) -> int:
     """Train; rank 0 writes the result. The exit status: 0, or 143 when SIGTERM stopped training early."""
     try:
         result = train(args, env, request)

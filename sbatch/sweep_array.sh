@@ -13,14 +13,16 @@
 #SBATCH --gpus-per-node=4         # Slurm sets CUDA_VISIBLE_DEVICES for the four GPUs
 #SBATCH --cpus-per-task=8         # cores per rank
 #SBATCH --time=00:30:00           # per element, hh:mm:ss
-#SBATCH --signal=USR2@120         # SIGUSR2 to every task 120 s before the limit: train.py checkpoints
+#SBATCH --signal=USR2@120         # SIGUSR2 to every task 120 s before the limit: train.py saves, requeues
 #SBATCH --requeue                 # a requeued element resumes from its own checkpoint
 #SBATCH --output=%x-%A_%a.out     # %A = array job id, %a = array index (each element logs to its own file)
 
 set -euo pipefail
 
-# Slurm >= 22.05: srun no longer inherits --cpus-per-task from the allocation; hand it on explicitly.
-export SRUN_CPUS_PER_TASK=${SLURM_CPUS_PER_TASK:-1}
+# Slurm >= 22.05: srun no longer inherits --cpus-per-task from the allocation; hand it on when the job
+# set it. (Without -c, srun already gives the step every CPU of the allocation: forcing 1 would pin
+# each task to one core.)
+if [[ -n ${SLURM_CPUS_PER_TASK:-} ]]; then export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK; fi
 cd "${SLURM_SUBMIT_DIR:-.}"
 
 LRS=(0.01 0.02 0.05 0.1)          # one learning rate per array index
@@ -43,6 +45,7 @@ srun --kill-on-bad-exit=1 "$PYTHON" examples/train.py \
     --lr "$lr" \
     --steps "$TRAIN_STEPS" \
     --checkpoint "$TRAIN_DIR/checkpoint.pt" \
+    --requeue \
     --out "$TRAIN_DIR/result.json"
 
 echo "result: $TRAIN_DIR/result.json"

@@ -12,16 +12,18 @@
 #SBATCH --ntasks-per-node=4       # one task (one Python process) per GPU
 #SBATCH --gpus-per-node=4         # Slurm sets CUDA_VISIBLE_DEVICES for the four GPUs of each node
 #SBATCH --cpus-per-task=8         # data-loading cores per rank: about (cores per node) / (GPUs per node)
-#SBATCH --time=00:30:00           # hh:mm:ss; a job killed at the limit resumes from its checkpoint
-#SBATCH --signal=USR2@120         # SIGUSR2 to every task 120 s before the limit: train.py checkpoints
+#SBATCH --time=00:30:00           # hh:mm:ss; the warning below requeues the job before the limit
+#SBATCH --signal=USR2@120         # SIGUSR2 to every task 120 s before the limit: train.py saves, requeues
 #SBATCH --requeue                 # after a node failure or preemption, run again (and resume)
 #SBATCH --output=%x-%j.out        # %x = job name, %j = job id; the directory must already exist
 
 # Stop at the first failing command, on unset variables and on failures inside pipes.
 set -euo pipefail
 
-# Slurm >= 22.05: srun no longer inherits --cpus-per-task from the allocation; hand it on explicitly.
-export SRUN_CPUS_PER_TASK=${SLURM_CPUS_PER_TASK:-1}
+# Slurm >= 22.05: srun no longer inherits --cpus-per-task from the allocation; hand it on when the job
+# set it. (Without -c, srun already gives the step every CPU of the allocation: forcing 1 would pin
+# each task to one core.)
+if [[ -n ${SLURM_CPUS_PER_TASK:-} ]]; then export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK; fi
 
 # sbatch starts the script in the submit directory; make that explicit so relative paths are stable.
 cd "${SLURM_SUBMIT_DIR:-.}"
@@ -40,6 +42,7 @@ echo "job $SLURM_JOB_ID: $SLURM_NNODES nodes ($SLURM_JOB_NODELIST), $SLURM_NTASK
 srun --kill-on-bad-exit=1 "$PYTHON" examples/train.py \
     --steps "$TRAIN_STEPS" \
     --checkpoint "$TRAIN_DIR/checkpoint.pt" \
+    --requeue \
     --checkpoint-every 50 \
     --out "$TRAIN_DIR/result.json"
 

@@ -10,14 +10,16 @@
 #SBATCH --gres=npu:8              # the GRES name your site gave its NPUs: check `scontrol show node`
 #SBATCH --cpus-per-task=24        # cores per rank: about (cores per node) / 8
 #SBATCH --time=00:30:00           # hh:mm:ss
-#SBATCH --signal=USR2@120         # SIGUSR2 to every task 120 s before the limit: train.py checkpoints
+#SBATCH --signal=USR2@120         # SIGUSR2 to every task 120 s before the limit: train.py saves, requeues
 #SBATCH --requeue                 # after a node failure or preemption, run again (and resume)
 #SBATCH --output=%x-%j.out        # %x = job name, %j = job id; the directory must already exist
 
 set -euo pipefail
 
-# Slurm >= 22.05: srun no longer inherits --cpus-per-task from the allocation; hand it on explicitly.
-export SRUN_CPUS_PER_TASK=${SLURM_CPUS_PER_TASK:-1}
+# Slurm >= 22.05: srun no longer inherits --cpus-per-task from the allocation; hand it on when the job
+# set it. (Without -c, srun already gives the step every CPU of the allocation: forcing 1 would pin
+# each task to one core.)
+if [[ -n ${SLURM_CPUS_PER_TASK:-} ]]; then export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK; fi
 cd "${SLURM_SUBMIT_DIR:-.}"
 
 # CANN's environment (library paths for torch_npu and hccl). The path is the toolkit's default; set
@@ -46,6 +48,7 @@ srun --kill-on-bad-exit=1 "$PYTHON" examples/train.py \
     --backend hccl \
     --steps "$TRAIN_STEPS" \
     --checkpoint "$TRAIN_DIR/checkpoint.pt" \
+    --requeue \
     --checkpoint-every 50 \
     --out "$TRAIN_DIR/result.json"
 

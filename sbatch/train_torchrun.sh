@@ -17,8 +17,10 @@
 
 set -euo pipefail
 
-# Slurm >= 22.05: srun no longer inherits --cpus-per-task from the allocation; hand it on explicitly.
-export SRUN_CPUS_PER_TASK=${SLURM_CPUS_PER_TASK:-1}
+# Slurm >= 22.05: srun no longer inherits --cpus-per-task from the allocation; hand it on when the job
+# set it. (Without -c, srun already gives the step every CPU of the allocation: forcing 1 would pin
+# each task to one core.)
+if [[ -n ${SLURM_CPUS_PER_TASK:-} ]]; then export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK; fi
 cd "${SLURM_SUBMIT_DIR:-.}"
 
 PYTHON=${PYTHON:-python}

@@ -289,6 +289,36 @@ def test_requeue_signal_checkpoints_requeues_and_resumes_bit_identically(slurm_c
     assert result["checksum"] == uninterrupted["checksum"]
 
 
+def test_the_job_script_requeues_itself_on_the_warning_and_resumes(slurm_cluster, tmp_path, uninterrupted,
+                                                                   reliability_record):
+    """sbatch/train_2n4g.sh as users submit it (scaled to this machine): its --signal warning makes train.py
+    --requeue save and requeue the job, which resumes under the same job id, instead of hitting the limit."""
+    train_dir, log = tmp_path / "run", tmp_path / "job.out"
+    env = {"TRAIN_DIR": str(train_dir), "TRAIN_STEPS": str(STEPS), "PYTHON": PYTHON, "OMP_NUM_THREADS": "1"}
+    job = slurm_cluster.run(
+        ["sbatch", "--parsable", f"--output={log}", "--open-mode=append", "--ntasks-per-node=1",
+         "--gpus-per-node=1", "--cpus-per-task=1", REPO / "sbatch" / "train_2n4g.sh"], env=env, cwd=REPO,
+    ).stdout.strip()
+    wait_until(lambda: f"step 20/{STEPS}" in text_of(log), RUN_TIMEOUT, "training")
+    signalled = time.time()
+    slurm_cluster.run(["scancel", "--signal=USR2", job])
+    result_file = train_dir / "result.json"
+    wait_until(result_file.exists, RUN_TIMEOUT + 60, "the requeued job's result")
+    resumed = re.search(r"resumed from \S+ at step (\d+)", text_of(log))
+    restarts = re.search(r"\bRestarts=(\d+)", slurm_cluster.run(["scontrol", "-o", "show", "job", job]).stdout)
+    result = json.loads(result_file.read_text())
+    reliability_record(
+        "time-limit warning in sbatch/train_2n4g.sh", f"sbatch train_2n4g.sh, 2 nodes x 1 task, {STEPS} steps",
+        "scancel --signal=USR2 (what its --signal=USR2@120 sends)", time.time() - signalled,
+        f"requeued {restarts.group(1) if restarts else '?'}x, resumed at step "
+        f"{resumed.group(1) if resumed else '?'}; final checksum "
+        f"{'equals' if result['checksum'] == uninterrupted['checksum'] else 'DIFFERS FROM'} the uninterrupted run's",
+    )
+    assert resumed and 0 < int(resumed.group(1)) < STEPS, text_of(log)
+    assert restarts and restarts.group(1) == "1"
+    assert result["checksum"] == uninterrupted["checksum"]
+
+
 def test_sigterm_never_leaves_a_corrupt_checkpoint(slurm_cluster, tmp_path, uninterrupted, reliability_record):
     """SIGTERM (scancel, time limit) mid-training, twice: each time train.py saves a checkpoint at a step
     all ranks agree on and exits 143; the checkpoint loads, and the run resumed from it ends bit-identical

@@ -115,3 +115,31 @@ def test_atomic_write_keeps_the_old_file_when_writing_fails(train, tmp_path):
         train.write_atomically(target, fail)
     assert target.read_text() == "old"
     assert [p.name for p in tmp_path.iterdir()] == ["result.json"]
+
+
+def test_requeue_needs_a_checkpoint_to_resume_from(train, capsys):
+    with pytest.raises(SystemExit):
+        train.parse_args(["--requeue"])
+    assert "--requeue needs --checkpoint" in capsys.readouterr().err
+
+
+def test_with_requeue_the_saved_warning_requeues_and_sigterm_before_it_still_stops(train, monkeypatch):
+    # Rank 0 clears `requested` after saving: that is when the job is requeued. SIGTERM before any warning
+    # (scancel, a preemption) is a stop, as without --requeue.
+    requeued = []
+    preemption = train.slurmdist.requeue.Preemption(signal.SIGUSR2, 10, 0)
+    monkeypatch.setattr(preemption, "requeue", lambda: requeued.append(True))
+    request = train.RequeueAfterSave(preemption)
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        request.install()
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert request.stopping and not request.requested
+        request.requested = False  # a periodic save: no warning yet, so no requeue
+        assert requeued == []
+        preemption.received_at = 1.0  # the warning arrived
+        assert request.requested
+        request.requested = False  # saved
+        assert requeued == [True]
+    finally:
+        signal.signal(signal.SIGTERM, previous)
