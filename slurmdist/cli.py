@@ -76,20 +76,23 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _env(args: argparse.Namespace) -> int:
     from .detection import detect
+    from .rendezvous import resolve_master
 
     env = detect()
-    print(format_env(env, args.format))
+    if args.format == "shell":
+        # For `eval` before a torchrun-style start: what `slurmdist run` would set, so a master that is not in
+        # DNS is Slurm's NodeAddr and a single process gets a port (every rank must run it under MPI).
+        variables = command_variables(resolve_master(env))
+        print("\n".join(f"export {name}={shlex.quote(value)}" for name, value in variables.items()))
+    else:
+        print(format_env(env, args.format))
     return 0
 
 
 def format_env(env: DistEnv, style: str) -> str:
-    """The detected topology as text, JSON, or `export` lines for a POSIX shell."""
+    """The detected topology as text or JSON."""
     if style == "json":
         return json.dumps(env.as_dict(), sort_keys=True)
-    if style == "shell":
-        from .exporting import torchrun_variables
-
-        return "\n".join(f"export {name}={shlex.quote(value)}" for name, value in torchrun_variables(env).items())
     fields = env.as_dict()
     width = max(len(name) for name in fields)
     return "\n".join(f"{name:<{width}}  {_shown(name, value, env)}" for name, value in fields.items())
@@ -123,11 +126,22 @@ def _gloo_interface(env: DistEnv) -> Optional[str]:
     return interfaces.gloo_interface_for_command(master, single_node, own_name)
 
 
+def command_variables(env: DistEnv) -> Dict[str, str]:
+    """What a torchrun-style command needs, for a resolved `env`: torchrun's variables, and gloo's interface
+    towards the master when slurmdist chooses it."""
+    from .exporting import torchrun_variables
+    from .interfaces import GLOO_INTERFACE_VARIABLE
+
+    variables = torchrun_variables(env)
+    interface = _gloo_interface(env)
+    if interface is not None:
+        variables[GLOO_INTERFACE_VARIABLE] = interface
+    return variables
+
+
 def _run(args: argparse.Namespace) -> int:
     from . import store_host
     from .detection import detect
-    from .exporting import torchrun_variables
-    from .interfaces import GLOO_INTERFACE_VARIABLE
     from .rendezvous import AGENT_STORE_VARIABLE, RESTART_COUNT_VARIABLE, resolve_master
 
     command = list(args.command)
@@ -141,10 +155,7 @@ def _run(args: argparse.Namespace) -> int:
     # reach the command's MPI.
     child_env: Dict[str, str] = dict(os.environ)
     env = resolve_master(detect(), timeout=args.timeout)
-    child_env.update(torchrun_variables(env))
-    interface = _gloo_interface(env)
-    if interface is not None:
-        child_env[GLOO_INTERFACE_VARIABLE] = interface
+    child_env.update(command_variables(env))
     if args.store and store_host.wanted(env, os.environ):
         if env.rank == 0:
             store_host.start(store_host.listen(env.master_port), env.world_size)

@@ -159,6 +159,21 @@ def test_slurmdist_run_under_srun_exports_a_master_every_node_reaches(slurm_clus
     assert GLOO_FALLBACK not in result.stderr
 
 
+def test_eval_of_env_shell_format_under_srun_exports_a_master_every_node_reaches(slurm_cluster):
+    # The shell form of `slurmdist run`: node1 is not in DNS, so what the command's env:// start reads must be
+    # Slurm's NodeAddr (the plain node name hung in torch's connect retries until its timeout).
+    import shlex
+
+    start = f'eval "$({shlex.quote(PYTHON)} -m slurmdist env --format shell)" && ' \
+            f"exec {shlex.quote(PYTHON)} {shlex.quote(str(ALLREDUCE))} plain"
+    result = slurm_cluster.run(["srun", "-N2", "-n2", "bash", "-c", start], timeout=120, check=False,
+                               env={"SLURMDIST_INIT_TIMEOUT": "60"})
+    assert result.returncode == 0, result.stdout + result.stderr
+    found = check_allreduce(result.stdout, 2, launcher="plain")
+    assert {r["host"] for r in found} == {"node1", "node2"}
+    assert {r["gloo_interface"] for r in found} == {"lo"}
+
+
 def test_slurmdist_run_under_mpirun_exports_a_shared_master():
     # resolve_master() over mpi4py, then torch's own env:// start in the exec'd command.
     env = clean_environ(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")

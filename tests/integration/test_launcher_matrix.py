@@ -124,7 +124,7 @@ def _sbatch_torchrun(runs: Runs, d: Path) -> dict:
 
 def _sbatch_mpirun(runs: Runs, d: Path) -> dict:
     require("mpirun")
-    # A short init bound: until the known bug below is fixed this launch fails by timing out.
+    # A short init bound: a launch that cannot meet fails in seconds, not after the default timeout.
     return runs.sbatch("train_mpirun.sh", d, "--ntasks-per-node=2", "--cpus-per-task=1",
                        SLURMDIST_INIT_TIMEOUT="10")
 

@@ -29,16 +29,29 @@ def slurmdist(*args: str, environ: dict, timeout: float = 30) -> subprocess.Comp
                           text=True, timeout=timeout)
 
 
-def test_env_shell_format_evaluates_to_torchruns_variables():
-    task = load_case("slurm/srun_N2_tpn2")[2]
+def exported_by_eval(environ: dict) -> dict:
     script = 'eval "$(python -m slurmdist env --format shell)" && env'
     result = subprocess.run(["bash", "-c", script.replace("python", sys.executable)],
-                            env=clean_environ(**task), capture_output=True, text=True, timeout=30)
+                            env=environ, capture_output=True, text=True, timeout=30)
     assert result.returncode == 0, result.stderr
-    exported = dict(line.split("=", 1) for line in result.stdout.splitlines() if "=" in line)
+    return dict(line.split("=", 1) for line in result.stdout.splitlines() if "=" in line)
+
+
+def test_env_shell_format_evaluates_to_torchruns_variables():
+    # MASTER_ADDR given: node1 of the captured job is not this machine (on the local cluster the name would be
+    # replaced by Slurm's NodeAddr, as `slurmdist run` does).
+    task = {**load_case("slurm/srun_N2_tpn2")[2], "MASTER_ADDR": "localhost"}
+    exported = exported_by_eval(clean_environ(**task))
     expected = torchrun_variables(detect(task))
     assert {name: exported[name] for name in expected} == expected
-    assert expected["RANK"] == task["SLURM_PROCID"] and expected["MASTER_ADDR"] == "node1"
+    assert expected["RANK"] == task["SLURM_PROCID"] and expected["MASTER_ADDR"] == "localhost"
+
+
+def test_env_shell_format_gives_a_single_process_a_port():
+    # init_process_group's env:// needs MASTER_PORT even for one process; detect() leaves it open there.
+    exported = exported_by_eval(clean_environ())
+    assert exported["WORLD_SIZE"] == "1" and exported["MASTER_ADDR"] == "127.0.0.1"
+    assert 0 < int(exported["MASTER_PORT"]) < 65536
 
 
 def test_env_json_and_text_formats():
