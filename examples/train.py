@@ -212,16 +212,19 @@ class RequeueAfterSave:
     Rank 0 reads `.requested` at every step boundary, saves the checkpoint when it is set, then clears it;
     clearing it after the signal means "saved": requeue now (`scontrol requeue`; Slurm then ends every rank, and
     the requeued job resumes from the checkpoint). SIGTERM before the warning (scancel, a preemption) still
-    saves and stops, as with `CheckpointRequest`; after it, SIGTERM is the requeue taking effect and ends the
-    process at once.
+    saves and stops, as with `CheckpointRequest` (the preemption object catches it: `ending`); after the
+    warning, SIGTERM is the requeue taking effect and ends the process at once.
     """
 
     def __init__(self, preemption: "slurmdist.requeue.Preemption") -> None:
         self.preemption = preemption
-        self.stopping = False
 
     def install(self) -> None:
-        signal.signal(signal.SIGTERM, lambda signum, frame: setattr(self, "stopping", True))
+        """Nothing to add: `slurmdist.requeue.install()` already listens for both signals."""
+
+    @property
+    def stopping(self) -> bool:
+        return self.preemption.ending
 
     @property
     def requested(self) -> bool:

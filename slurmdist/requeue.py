@@ -16,6 +16,11 @@ ever leaves a collective half-done and nothing raises. To make that end immediat
 SIGTERM's default action when the warning arrives (submitit otherwise ignores SIGTERM and the ranks would
 wait out Slurm's KillWait). The requeued job starts the same script, which loads the checkpoint and resumes.
 
+SIGTERM without a warning before it (a preemption, which sends the warning only where the cluster sets
+`preempt_send_user_signal`; `scancel`; a time limit the warning did not precede) also sets `requested`: rank 0
+saves at the next step boundary as above, and `requeue()` then ends it without requeueing, since Slurm is
+ending the job itself (and requeues a preempted job on its own).
+
 The signal defaults to SIGUSR2, not SIGUSR1 (NCCL has used SIGUSR1); set it per call or with
 ``SLURMDIST_REQUEUE_SIGNAL``. Nothing here imports torch or submitit.
 """
@@ -46,6 +51,7 @@ DEFAULT_MAX_REQUEUES = 10
 # submitit's LocalExecutor restarts a job whose task exits with this status: its local "requeue".
 LOCAL_REQUEUE_EXIT_CODE = 144
 REQUEUE_COMMAND_TIMEOUT = 60.0  # seconds for `scontrol requeue`
+ENDED_EXIT_STATUS = 128 + signal.SIGTERM  # rank 0 after saving on a SIGTERM: what a shell reports for it
 KILL_WAIT_TIMEOUT = 120.0  # seconds rank 0 waits for Slurm to end it after a requeue (KillWait is 30 s by default)
 
 SignalSpec = Union[str, int, signal.Signals, None]
@@ -150,7 +156,9 @@ class Preemption:
         self.max_requeues = limit
         self.rank = rank
         self.received_at: Optional[float] = None
+        self.ending = False  # SIGTERM came first: Slurm is ending the job (preemption, scancel, time limit)
         self._previous: Any = None
+        self._previous_term: Any = None
         self._installed = False
 
     @property
@@ -162,13 +170,18 @@ class Preemption:
         if threading.current_thread() is not threading.main_thread():
             raise RequeueError("slurmdist.requeue.install() must run in the main thread (Python delivers signals there)")
         self._previous = signal.signal(self.signal, self._on_signal)
+        if self.signal != signal.SIGTERM:
+            self._previous_term = signal.signal(signal.SIGTERM, self._on_terminate)
         self._installed = True
         return self
 
     def uninstall(self) -> None:
-        """Give the signal back to whatever handled it before."""
+        """Give the signals back to whatever handled them before (SIGTERM stays fatal after a warning)."""
         if self._installed:
             signal.signal(self.signal, self._previous if self._previous is not None else signal.SIG_DFL)
+            if signal.getsignal(signal.SIGTERM) == self._on_terminate:
+                previous = self._previous_term
+                signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
             self._installed = False
 
     def _on_signal(self, signum: int, frame: Optional[FrameType]) -> None:
@@ -181,15 +194,27 @@ class Preemption:
         log.warning("slurmdist: rank %d got %s: checkpoint and requeue at the next step boundary",
                     self.rank, self.signal.name)
 
+    def _on_terminate(self, signum: int, frame: Optional[FrameType]) -> None:
+        if self.received_at is None:
+            self.received_at = time.monotonic()
+        self.ending = True
+        log.warning("slurmdist: rank %d got SIGTERM (preemption, scancel or the time limit): checkpoint at the "
+                    "next step boundary; Slurm is ending the job", self.rank)
+
     def requeue(self, environ: Optional[Mapping[str, str]] = None) -> None:
         """After rank 0 saved its checkpoint: requeue the job and end this process.
 
         On ranks other than 0 this returns at once: they keep stepping until Slurm ends them. On rank 0 it does
-        not return: it requeues and waits (bounded) to be ended. Raises `RequeueError` when the job cannot be
-        requeued (not under Slurm, or out of requeues): the checkpoint is saved, resubmit to resume.
+        not return: it requeues and waits (bounded) to be ended, or, after a SIGTERM that no warning preceded,
+        exits at once (status 143) without requeueing: Slurm is ending the job and requeues a preempted one
+        itself. Raises `RequeueError` when the job cannot be requeued (not under Slurm, or out of requeues):
+        the checkpoint is saved, resubmit to resume.
         """
         if self.rank != 0:
             return
+        if self.ending:
+            log.warning("slurmdist: checkpoint saved; not requeued by slurmdist, since Slurm is ending the job")
+            _exit_now(ENDED_EXIT_STATUS)
         environ = os.environ if environ is None else environ
         decision = plan(environ, self.max_requeues)
         if decision.action is Action.GIVE_UP:
@@ -245,9 +270,7 @@ def _restart_local_job() -> None:
         os.kill(os.getppid(), signal.SIGTERM)
     except OSError:  # pragma: no cover - the controller is gone; the exit status still asks for a restart
         pass
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(LOCAL_REQUEUE_EXIT_CODE)
+    _exit_now(LOCAL_REQUEUE_EXIT_CODE)
 
 
 def _wait_to_be_ended(timeout: float) -> None:
@@ -257,8 +280,15 @@ def _wait_to_be_ended(timeout: float) -> None:
     while time.monotonic() < deadline:
         time.sleep(0.2)
     log.warning("slurmdist: still running %.0fs after the requeue; exiting", timeout)
+    _exit_now(LOCAL_REQUEUE_EXIT_CODE)
+
+
+def _exit_now(status: int) -> None:
+    """End this process without unwinding: nothing may report the ended run as the job's result (submitit
+    would write one)."""
     sys.stdout.flush()
-    os._exit(LOCAL_REQUEUE_EXIT_CODE)
+    sys.stderr.flush()
+    os._exit(status)
 
 
 # --- a Checkpointable-style base class for submitit -----------------------------------------------------------

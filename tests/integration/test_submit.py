@@ -144,6 +144,25 @@ def test_preempted_job_checkpoints_requeues_and_resumes(cluster, example, refere
     assert history == ["REQUEUED", "COMPLETED"]
 
 
+def test_sigterm_without_a_warning_saves_a_checkpoint_and_ends_the_job(cluster, example, tmp_path):
+    # What a preemption sends where the cluster does not send the warning first (and scancel): submitit
+    # ignores SIGTERM, so before `Resumable` caught it the job lost everything since its last save.
+    from slurmdist.submit import JobFailedError, Submitter, results
+
+    steps, checkpoint = 200, tmp_path / "ckpt.pt"
+    submitter = Submitter(nodes=2, tasks_per_node=1, time=5, folder=tmp_path / "%j")
+    job = submitter.submit(example.Train(["--steps", str(steps)], str(checkpoint)))
+    wait_for_line(job.paths.stdout, rf"step \d+/{steps}")
+    signalled = time.time()
+    cluster.run(["scancel", "--signal=TERM", job.job_id])
+    with pytest.raises(JobFailedError) as ended:  # not requeued: Slurm requeues a preempted job itself
+        results(job, timeout=TIMEOUT)
+    assert checkpoint.exists() and checkpoint.stat().st_mtime >= signalled - 1
+    assert "got SIGTERM" in job.paths.stderr.read_text()
+    assert cluster.run(["sacct", "-n", "-P", "-D", "-X", "-o", "State", "-j", job.job_id]).stdout.split() == [
+        ended.value.state]  # one run: nothing requeued it
+
+
 REQUEUEING_COMMAND = """
 import os, time
 import slurmdist.requeue

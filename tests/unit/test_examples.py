@@ -128,18 +128,17 @@ def test_with_requeue_the_saved_warning_requeues_and_sigterm_before_it_still_sto
     # (scancel, a preemption) is a stop, as without --requeue.
     requeued = []
     preemption = train.slurmdist.requeue.Preemption(signal.SIGUSR2, 10, 0)
-    monkeypatch.setattr(preemption, "requeue", lambda: requeued.append(True))
+    monkeypatch.setattr(preemption, "requeue", lambda: requeued.append(preemption.ending))
     request = train.RequeueAfterSave(preemption)
-    previous = signal.getsignal(signal.SIGTERM)
+    request.requested = False  # a periodic save: no warning yet, so no requeue
+    assert requeued == [] and not request.stopping
+    preemption.received_at = 1.0  # the warning arrived
+    assert request.requested and not request.stopping
+    request.requested = False  # saved
+    assert requeued == [False]
     try:
-        request.install()
-        os.kill(os.getpid(), signal.SIGTERM)
-        assert request.stopping and not request.requested
-        request.requested = False  # a periodic save: no warning yet, so no requeue
-        assert requeued == []
-        preemption.received_at = 1.0  # the warning arrived
-        assert request.requested
-        request.requested = False  # saved
-        assert requeued == [True]
+        preemption.install()
+        os.kill(os.getpid(), signal.SIGTERM)  # no warning before it: stop
+        assert request.stopping
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        preemption.uninstall()

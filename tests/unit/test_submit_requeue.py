@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 
 import pytest
 
@@ -81,6 +83,39 @@ def test_the_signal_sets_the_flag_and_makes_sigterm_fatal_again(preemption):
     os.kill(os.getpid(), signal.SIGUSR2)
     assert preemption.requested
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+def test_sigterm_before_any_warning_asks_for_a_checkpoint_and_no_requeue():
+    # A preemption (without preempt_send_user_signal), scancel, or a time limit no warning preceded.
+    previous = signal.getsignal(signal.SIGTERM)
+    ending = Preemption(signal.SIGUSR2, limit=1, rank=3).install()
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert ending.requested and ending.ending
+        ending.requeue(environ={"SLURM_JOB_ID": "1"})  # other ranks go on until Slurm ends them
+    finally:
+        ending.uninstall()
+    assert signal.getsignal(signal.SIGTERM) == previous
+
+
+RANK_0_SAVES_ON_SIGTERM = """
+import os, signal
+from slurmdist.requeue import install
+preemption = install("USR2", rank=0, environ={})
+os.kill(os.getpid(), signal.SIGTERM)
+assert preemption.requested
+print("saved", flush=True)
+preemption.requeue(environ={"SLURM_JOB_ID": "1"})  # must not run scontrol: Slurm is ending the job
+print("still here", flush=True)
+"""
+
+
+def test_rank_0_ends_after_saving_on_sigterm_without_requeueing():
+    environ = {**os.environ, "PATH": "/nonexistent"}  # `scontrol requeue` would fail: "not on PATH"
+    done = subprocess.run([sys.executable, "-c", RANK_0_SAVES_ON_SIGTERM], env=environ, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 143, done.stderr
+    assert done.stdout == "saved\n" and "not requeued by slurmdist" in done.stderr
 
 
 def test_uninstall_restores_the_previous_handler():
