@@ -163,6 +163,26 @@ def test_sigterm_without_a_warning_saves_a_checkpoint_and_ends_the_job(cluster, 
         ended.value.state]  # one run: nothing requeued it
 
 
+def test_a_preempted_job_saves_on_sigterm_is_requeued_by_slurm_and_resumes(cluster, example, reference, tmp_path):
+    # A real preemption: a job in the local cluster's higher-tier "urgent" partition takes both nodes. Slurm
+    # sends SIGTERM (no warning first, as on most clusters), requeues the job itself, and runs it again.
+    from slurmdist.submit import Submitter, results
+
+    steps = 200
+    submitter = Submitter(nodes=2, tasks_per_node=1, time=5, folder=tmp_path / "%j")
+    job = submitter.submit(example.Train(["--steps", str(steps)], str(tmp_path / "ckpt.pt")))
+    wait_for_line(job.paths.stdout, rf"step \d+/{steps}")
+    cluster.run(["sbatch", "--partition=urgent", "--nodes=2", "--exclusive", f"--output={tmp_path / 'urgent.out'}",
+                 "--wrap=sleep 1"])
+    outcome = results(job, timeout=TIMEOUT)
+    assert "got SIGTERM" in job.paths.stderr.read_text()
+    assert outcome[0]["restarts"] == 1
+    assert 0 < outcome[0]["resumed_from_step"] < steps  # saved on SIGTERM, not started over
+    assert {r["checksum"] for r in outcome} == {reference(2, 1, steps)["checksum"]}
+    history = cluster.run(["sacct", "-n", "-P", "-D", "-X", "-o", "State", "-j", job.job_id]).stdout.split()
+    assert history == ["PREEMPTED", "COMPLETED"], history
+
+
 REQUEUEING_COMMAND = """
 import os, time
 import slurmdist.requeue
