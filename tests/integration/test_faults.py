@@ -289,10 +289,13 @@ def test_requeue_signal_checkpoints_requeues_and_resumes_bit_identically(slurm_c
     assert result["checksum"] == uninterrupted["checksum"]
 
 
-def test_the_job_script_requeues_itself_on_the_warning_and_resumes(slurm_cluster, tmp_path, uninterrupted,
-                                                                   reliability_record):
-    """sbatch/train_2n4g.sh as users submit it (scaled to this machine): its --signal warning makes train.py
-    --requeue save and requeue the job, which resumes under the same job id, instead of hitting the limit."""
+@pytest.mark.parametrize("interruption", ["warning", "preemption"])
+def test_the_job_script_saves_is_requeued_and_resumes(slurm_cluster, tmp_path, uninterrupted, reliability_record,
+                                                      interruption):
+    """sbatch/train_2n4g.sh as users submit it (scaled to this machine). Its --signal warning before the time
+    limit makes train.py --requeue save and requeue the job; a preemption (a job in the local cluster's
+    higher-tier "urgent" partition) sends SIGTERM with no warning: train.py saves and stops, and Slurm requeues
+    the job. Either way it resumes under the same job id."""
     train_dir, log = tmp_path / "run", tmp_path / "job.out"
     env = {"TRAIN_DIR": str(train_dir), "TRAIN_STEPS": str(STEPS), "PYTHON": PYTHON, "OMP_NUM_THREADS": "1"}
     job = slurm_cluster.run(
@@ -301,22 +304,30 @@ def test_the_job_script_requeues_itself_on_the_warning_and_resumes(slurm_cluster
     ).stdout.strip()
     wait_until(lambda: f"step 20/{STEPS}" in text_of(log), RUN_TIMEOUT, "training")
     signalled = time.time()
-    slurm_cluster.run(["scancel", "--signal=USR2", job])
+    if interruption == "warning":
+        slurm_cluster.run(["scancel", "--signal=USR2", job])
+        fault = "scancel --signal=USR2 (what its --signal=USR2@120 sends)"
+    else:
+        slurm_cluster.run(["sbatch", "--partition=urgent", "--nodes=2", "--exclusive",
+                           f"--output={tmp_path / 'urgent.out'}", "--wrap=sleep 1"])
+        fault = "preempted by a job in a higher-tier partition (SIGTERM, no warning)"
     result_file = train_dir / "result.json"
     wait_until(result_file.exists, RUN_TIMEOUT + 60, "the requeued job's result")
     resumed = re.search(r"resumed from \S+ at step (\d+)", text_of(log))
     restarts = re.search(r"\bRestarts=(\d+)", slurm_cluster.run(["scontrol", "-o", "show", "job", job]).stdout)
     result = json.loads(result_file.read_text())
     reliability_record(
-        "time-limit warning in sbatch/train_2n4g.sh", f"sbatch train_2n4g.sh, 2 nodes x 1 task, {STEPS} steps",
-        "scancel --signal=USR2 (what its --signal=USR2@120 sends)", time.time() - signalled,
+        f"{'time-limit warning' if interruption == 'warning' else 'preemption'} in sbatch/train_2n4g.sh",
+        f"sbatch train_2n4g.sh, 2 nodes x 1 task, {STEPS} steps", fault, time.time() - signalled,
         f"requeued {restarts.group(1) if restarts else '?'}x, resumed at step "
         f"{resumed.group(1) if resumed else '?'}; final checksum "
         f"{'equals' if result['checksum'] == uninterrupted['checksum'] else 'DIFFERS FROM'} the uninterrupted run's",
     )
-    assert resumed and 0 < int(resumed.group(1)) < STEPS, text_of(log)
+    assert resumed and 20 <= int(resumed.group(1)) < STEPS, text_of(log)  # saved when interrupted
     assert restarts and restarts.group(1) == "1"
     assert result["checksum"] == uninterrupted["checksum"]
+    if interruption == "preemption":
+        assert "got SIGTERM" in text_of(log) and "DUE TO PREEMPTION" in text_of(log)
 
 
 def test_sigterm_never_leaves_a_corrupt_checkpoint(slurm_cluster, tmp_path, uninterrupted, reliability_record):
