@@ -79,17 +79,23 @@ def single(environ: Mapping[str, str], job_id: Optional[str] = None) -> DistEnv:
 
 
 def _read_mpi(environ: Mapping[str, str], *, inside_step: bool) -> Optional[DistEnv]:
-    return mpi.read_any(environ, complete_only=inside_step) or flux.read(environ)
+    """An MPI launcher's view, else Flux's. Inside an srun step or a Flux job, a bare PMI_RANK/PMI_SIZE
+    (no local-rank variable) is that launcher's own PMI server, not an MPI launcher of its own."""
+    inside_flux = flux.TASK_RANK in environ
+    return mpi.read_any(environ, complete_only=inside_step or inside_flux) or flux.read(environ)
 
 
 def _mpirun_inside_step(step: DistEnv, launched_by_mpi: Optional[DistEnv]) -> bool:
     """True when an MPI launcher started this process from daemons that srun started.
 
-    srun's own PMI (``--mpi=pmi2``) agrees with the step on rank and size; mpirun's daemon step does not.
+    srun's own PMI (``--mpi=pmi2``) agrees with the step on every placement; mpirun's daemon step (one task
+    per node) does not, though rank and size alone can agree (``mpirun -np 2`` with both ranks on node 1:
+    rank 0 of 2, like the daemon step's task 0 of 2).
     """
     if launched_by_mpi is None:
         return False
-    disagree = (launched_by_mpi.rank, launched_by_mpi.world_size) != (step.rank, step.world_size)
+    placement = ("rank", "world_size", "local_rank", "local_world_size")
+    disagree = any(getattr(launched_by_mpi, name) != getattr(step, name) for name in placement)
     if disagree:
         logger.debug(
             "slurmdist: %s ranks inside srun step (rank %d of %d vs step task %d of %d): using %s",

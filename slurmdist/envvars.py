@@ -148,9 +148,19 @@ def scheduler_job_id(environ: Mapping[str, str]) -> Optional[str]:
 def check_index(launcher: str, name: str, value: int, size_name: str, size: int) -> None:
     """`value` (read from `name`) must be a valid index into `size`; say which variables disagree."""
     if value >= size:
-        raise LaunchError(
-            f"{launcher}: {name}={value} but {size_name}={size}, so {name} must be below {size}. The variables "
-            "contradict each other: relaunch, or unset stale ones inherited from an outer job.",
-            name,
-            str(value),
-        )
+        _contradiction(launcher, name, value, size_name, size, f"below {size}")
+
+
+def check_within(launcher: str, name: str, value: int, size_name: str, size: int) -> None:
+    """`value` (a count read from `name`) may not exceed `size`: a node holds no more tasks than the job."""
+    if value > size:
+        _contradiction(launcher, name, value, size_name, size, f"at most {size}")
+
+
+def _contradiction(launcher: str, name: str, value: int, size_name: str, size: int, bound: str) -> None:
+    raise LaunchError(
+        f"{launcher}: {name}={value} but {size_name}={size}, so {name} must be {bound}. The variables "
+        "contradict each other: relaunch, or unset stale ones inherited from an outer job.",
+        name,
+        str(value),
+    )

@@ -5,20 +5,23 @@ from __future__ import annotations
 from typing import Mapping, Optional
 
 from ..distenv import DistEnv
-from ..envvars import check_index, require_count
+from ..envvars import check_index, check_within, require_count
 from ..errors import LaunchError
 from .mpi import rank_env
 
 
+TASK_RANK = "FLUX_TASK_RANK"
+
+
 def read(environ: Mapping[str, str]) -> Optional[DistEnv]:
-    if "FLUX_TASK_RANK" not in environ:
+    if TASK_RANK not in environ:
         return None
     world_size = require_count(environ, "FLUX_JOB_SIZE", "flux", minimum=1)
     num_nodes = require_count(environ, "FLUX_JOB_NNODES", "flux", minimum=1)
     rank = require_count(environ, "FLUX_TASK_RANK", "flux")
     local_rank = require_count(environ, "FLUX_TASK_LOCAL_ID", "flux")
     check_index("flux", "FLUX_TASK_RANK", rank, "FLUX_JOB_SIZE", world_size)
-    check_index("flux", "FLUX_JOB_NNODES", num_nodes - 1, "FLUX_JOB_SIZE", world_size)
+    check_within("flux", "FLUX_JOB_NNODES", num_nodes, "FLUX_JOB_SIZE", world_size)
     if world_size % num_nodes:
         # Flux does not say how an uneven job was spread, and a guess would bind the wrong device.
         raise LaunchError(
@@ -37,6 +40,6 @@ def read(environ: Mapping[str, str]) -> Optional[DistEnv]:
         local_rank=local_rank,
         world_size=world_size,
         local_world_size=per_node,
-        node_rank=rank // per_node,  # Flux places tasks on nodes in rank order
+        node_rank=rank // per_node,  # Flux's default task map, block: ranks fill one node after the other
         num_nodes=num_nodes,
     )

@@ -10,7 +10,9 @@ from __future__ import annotations
 from typing import Mapping, NamedTuple, Optional, Tuple
 
 from ..distenv import LOOPBACK, DistEnv
-from ..envvars import check_index, explicit_master, read_count, read_text, require_count, scheduler_job_id
+from ..envvars import (
+    check_index, check_within, explicit_master, read_count, read_text, require_count, scheduler_job_id,
+)
 from ..ports import step_port
 
 
@@ -60,7 +62,7 @@ def read(spec: RankVariables, environ: Mapping[str, str]) -> Optional[DistEnv]:
         local_world_size = require_count(environ, spec.local_size, name, minimum=1, why=unknown)
         local_rank = require_count(environ, spec.local_rank, name, why=unknown)
     check_index(name, spec.local_rank, local_rank, spec.local_size, local_world_size)
-    check_index(name, spec.local_size, local_world_size - 1, spec.size, world_size)
+    check_within(name, spec.local_size, local_world_size, spec.size, world_size)
     return rank_env(
         environ,
         launcher=name,

@@ -27,9 +27,12 @@ logger = logging.getLogger("slurmdist")
 
 STEP_ID_VARIABLES = ("SLURM_STEP_ID", "SLURM_STEPID")
 JOB_ID_VARIABLES = ("SLURM_JOB_ID", "SLURM_JOBID")
-# Step ids of things that are not srun task steps: names, and slurm.h's numeric SLURM_*_SCRIPT/STEP values.
-NON_TASK_STEPS = frozenset(
-    {"batch", "extern", "interactive", "pending", "4294967290", "4294967291", "4294967293", "4294967294"}
+# Step ids of things that are not srun task steps: names, and slurm.h's numeric values. Since 20.11:
+# interactive 0xfffffffa, batch 0xfffffffb, extern 0xfffffffc, pending 0xfffffffd; before: batch 0xfffffffe,
+# extern 0xffffffff.
+BATCH_STEPS = frozenset({"batch", "4294967291", "4294967294"})
+NON_TASK_STEPS = BATCH_STEPS | frozenset(
+    {"extern", "interactive", "pending", "4294967290", "4294967292", "4294967293", "4294967295"}
 )
 WORLD_VARIABLES = ("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS")
 NODES_VARIABLES = ("SLURM_STEP_NUM_NODES", "SLURM_NNODES", "SLURM_JOB_NUM_NODES")
@@ -154,7 +157,7 @@ def check_outside_step(environ: Mapping[str, str]) -> Optional[str]:
     # The batch script carries SLURM_PROCID=0 and no step id (or the "batch" one); an salloc shell or
     # interactive step does not. Only the batch script is known to be one of several tasks that never started.
     raw_step = next((environ[name].strip() for name in STEP_ID_VARIABLES if name in environ), "batch")
-    in_batch_script = "SLURM_PROCID" in environ and raw_step in ("batch", "4294967294")
+    in_batch_script = "SLURM_PROCID" in environ and raw_step in BATCH_STEPS
     if in_batch_script:
         raise LaunchError(
             f"This process is the batch script of Slurm job {job}, which asked for {tasks} tasks ({source}), "

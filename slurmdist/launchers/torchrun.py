@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Mapping, Optional
 
 from ..distenv import DistEnv
-from ..envvars import explicit_master, read_count, require_count, scheduler_job_id
+from ..envvars import check_index, check_within, explicit_master, read_count, require_count, scheduler_job_id
 from ..errors import LaunchError
 
 _CORE = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
@@ -32,6 +32,14 @@ def read(environ: Mapping[str, str]) -> Optional[DistEnv]:
                 "LOCAL_WORLD_SIZE",
             )
         local_world_size = 1
+    node_rank = read_count(environ, "GROUP_RANK")
+    num_nodes = read_count(environ, "GROUP_WORLD_SIZE", minimum=1)
+    # Named checks before DistEnv's own: the message then names the variables that disagree.
+    check_index("torchrun", "RANK", rank, "WORLD_SIZE", world_size)
+    check_index("torchrun", "LOCAL_RANK", local_rank, "LOCAL_WORLD_SIZE", local_world_size)
+    check_within("torchrun", "LOCAL_WORLD_SIZE", local_world_size, "WORLD_SIZE", world_size)
+    if node_rank is not None and num_nodes is not None:
+        check_index("torchrun", "GROUP_RANK", node_rank, "GROUP_WORLD_SIZE", num_nodes)
     master_addr, master_port = explicit_master(environ)
     return DistEnv(
         launcher="torchrun",
@@ -39,8 +47,8 @@ def read(environ: Mapping[str, str]) -> Optional[DistEnv]:
         local_rank=local_rank,
         world_size=world_size,
         local_world_size=local_world_size,
-        node_rank=read_count(environ, "GROUP_RANK"),
-        num_nodes=read_count(environ, "GROUP_WORLD_SIZE", minimum=1),
+        node_rank=node_rank,
+        num_nodes=num_nodes,
         master_addr=master_addr,
         master_port=master_port,
         job_id=scheduler_job_id(environ) or environ.get("TORCHELASTIC_RUN_ID") or None,

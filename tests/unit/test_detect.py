@@ -191,6 +191,21 @@ def test_mpi_on_one_node_uses_loopback():
     assert (env.master_addr, env.node_rank, env.num_nodes) == ("127.0.0.1", 0, 1)
 
 
+def test_flux_tasks_are_flux_although_its_job_shell_serves_pmi_too():
+    # Flux's job shell gives every task PMI_FD/PMI_RANK/PMI_SIZE (its own PMI server), never MPI_LOCALRANKID.
+    environ = {"FLUX_TASK_RANK": "5", "FLUX_TASK_LOCAL_ID": "1", "FLUX_JOB_SIZE": "8", "FLUX_JOB_NNODES": "2",
+               "FLUX_JOB_ID": "f2", "PMI_FD": "5", "PMI_RANK": "5", "PMI_SIZE": "8"}
+    env = detect(environ)
+    assert (env.launcher, env.rank, env.local_rank, env.local_world_size, env.num_nodes) == ("flux", 5, 1, 4, 2)
+    single = detect({"FLUX_TASK_RANK": "0", "FLUX_TASK_LOCAL_ID": "0", "FLUX_JOB_SIZE": "1", "FLUX_JOB_NNODES": "1",
+                     "PMI_FD": "5", "PMI_RANK": "0", "PMI_SIZE": "1"})
+    assert single.launcher == "flux"
+    # mpirun started by a Flux job: its complete variables win, as inside an srun step.
+    mpirun = detect({**environ, "OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "4",
+                     "OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"})
+    assert (mpirun.launcher, mpirun.rank) == ("openmpi", 3)
+
+
 def test_uneven_flux_layout_is_refused_rather_than_guessed():
     with pytest.raises(LaunchError, match="FLUX_JOB_NNODES=2"):
         detect({"FLUX_TASK_RANK": "0", "FLUX_TASK_LOCAL_ID": "0", "FLUX_JOB_SIZE": "3", "FLUX_JOB_NNODES": "2"})
@@ -265,6 +280,19 @@ def test_malformed_openmpi_values_name_the_variable(changes, variable):
         detect({**rank, **changes})
 
 
+@pytest.mark.parametrize("contradiction, variable", [
+    ({"RANK": "4"}, "RANK"),
+    ({"LOCAL_RANK": "2"}, "LOCAL_RANK"),
+    ({"LOCAL_WORLD_SIZE": "8"}, "LOCAL_WORLD_SIZE"),  # more on this node than in the job (said as 8, not 7)
+    ({"GROUP_RANK": "3", "GROUP_WORLD_SIZE": "2"}, "GROUP_RANK"),
+])
+def test_contradicting_torchrun_variables_are_named(contradiction, variable):
+    environ = {"RANK": "1", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", **contradiction}
+    with pytest.raises(LaunchError, match=f"torchrun: {variable}={contradiction[variable]} but ") as raised:
+        detect(environ)
+    assert (raised.value.variable, raised.value.value) == (variable, contradiction[variable])
+
+
 def test_torchrun_without_local_world_size_asks_for_it():
     with pytest.raises(LaunchError, match="LOCAL_WORLD_SIZE"):
         detect({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0"})
@@ -281,3 +309,28 @@ def test_detect_never_changes_its_input():
             before = dict(environ)
             detect(environ)
             assert environ == before
+
+
+@pytest.mark.parametrize("environ, quoted", [
+    ({"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "0",
+      "OMPI_COMM_WORLD_LOCAL_SIZE": "3"}, "OMPI_COMM_WORLD_LOCAL_SIZE=3 but OMPI_COMM_WORLD_SIZE=2, so "
+                                          "OMPI_COMM_WORLD_LOCAL_SIZE must be at most 2"),
+    ({"FLUX_TASK_RANK": "0", "FLUX_TASK_LOCAL_ID": "0", "FLUX_JOB_SIZE": "2", "FLUX_JOB_NNODES": "3"},
+     "FLUX_JOB_NNODES=3 but FLUX_JOB_SIZE=2, so FLUX_JOB_NNODES must be at most 2"),
+])
+def test_a_count_above_the_job_size_is_quoted_as_given(environ, quoted):
+    with pytest.raises(LaunchError, match=quoted):
+        detect(environ)
+
+
+@pytest.mark.parametrize("step_id", ["batch", "4294967291", "4294967294"])  # the batch step's id since and before 20.11
+def test_a_multi_task_batch_script_fails_fast_whatever_id_its_step_has(step_id):
+    (batch,) = load_case("slurm/sbatch_N2_tpn2_batchstep")
+    with pytest.raises(LaunchError, match="srun"):
+        detect({**batch, "SLURM_STEP_ID": step_id})
+
+
+@pytest.mark.parametrize("step_id", ["4294967292", "4294967295"])  # the extern step since and before 20.11
+def test_the_extern_step_is_not_a_task_step(step_id):
+    (task,) = load_case("slurm/srun_N2_tpn2")[:1]
+    assert detect({**task, "SLURM_STEP_ID": step_id}).launcher != "slurm"

@@ -115,6 +115,20 @@ def test_mpirun_inside_an_allocation_reads_open_mpi_not_the_daemon_step():
         assert env.local_rank == int(environ["OMPI_COMM_WORLD_LOCAL_RANK"])
 
 
+def test_mpirun_inside_an_allocation_wins_even_where_rank_and_size_match_the_daemon_step():
+    # The captured `mpirun -np 4` launch, as `mpirun -np 2` with both ranks on node 1 (by-slot mapping): rank 0
+    # of 2 is also what the daemon step says (task 0 of 2), but its placement is not (one daemon per node).
+    # Reading the step there would put rank 0 on another port than rank 1.
+    captured = next(iter(launches_of("salloc_N2_mpirun_np4").values()))[0][0]
+    found = []
+    for rank in (0, 1):
+        environ = {**captured, "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_RANK": str(rank),
+                   "OMPI_COMM_WORLD_LOCAL_RANK": str(rank), "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}
+        found.append(detect(environ))
+    assert [(env.launcher, env.rank, env.local_world_size) for env in found] == [("openmpi", 0, 2), ("openmpi", 1, 2)]
+    assert len({(env.master_addr, env.master_port) for env in found}) == 1
+
+
 def test_srun_with_pmi2_from_the_cluster_is_slurm():
     for _, env in next(iter(launches_of("srun_pmi2_N2_n4").values())):
         assert env.launcher == "slurm"
