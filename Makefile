@@ -5,40 +5,49 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-# The CPU build here; on a GPU cluster use the site's torch, e.g. `make demo TORCH=torch`.
+# The CPU build here; on a GPU cluster use the site's torch, e.g. `make demo TORCH=torch`. Where the pip
+# index serves CUDA wheels for a plain `torch==...` (PyPI on Linux), add
+# TORCH_INDEX=https://download.pytorch.org/whl/cpu for the CPU build.
 TORCH ?= torch==2.13.0
+TORCH_INDEX ?=
 PYTEST_ARGS ?=
 
-.PHONY: venv system-deps test test-unit demo bench reliability clean stop-cluster
+.PHONY: venv system-deps demo-deps test test-unit demo bench reliability clean stop-cluster
 
 venv: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install --quiet "$(TORCH)"
+	@# A venv that failed half-way (no ensurepip: Debian's python3-venv missing) has a python but no pip.
+	$(PY) -m pip --version >/dev/null 2>&1 || { rm -rf $(VENV) && $(PYTHON) -m venv $(VENV); }
+	$(PY) -c "import torch" 2>/dev/null || \
+		$(PY) -m pip install --quiet $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) "$(TORCH)"
 	$(PY) -m pip install --quiet -e ".[dev,bench]"
 	touch $@
 
 system-deps:
 	scripts/install-system-deps
 
-test: venv system-deps
+demo-deps:
+	scripts/install-system-deps --demo
+
+# System packages first: they include python3-venv, which the venv needs.
+test: system-deps venv
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest $(PYTEST_ARGS)
 
 test-unit: venv
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
 
-demo: venv system-deps
+demo: demo-deps venv
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" scripts/demo
 
 # Rewrites docs/reliability.md from a real run of the fuzzing and fault-injection tests.
 # HYPOTHESIS_PROFILE=slow for the 100k-case fuzzing profile.
-reliability: venv system-deps
+reliability: system-deps venv
 	SLURMDIST_WRITE_RELIABILITY=1 PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m pytest \
 		tests/unit/test_detect_properties.py tests/unit/test_cli_nonsense.py \
 		tests/integration/test_injection.py tests/integration/test_faults.py $(PYTEST_ARGS)
 
-bench: venv system-deps
+bench: system-deps venv
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m benchmarks
 
 stop-cluster:

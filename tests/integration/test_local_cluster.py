@@ -7,6 +7,8 @@ import time
 
 import pytest
 
+from tests.integration.cluster import LOCAL_CLUSTER
+
 pytestmark = pytest.mark.integration
 
 
@@ -17,6 +19,7 @@ def state_of(cluster) -> str:
 def test_status_shows_idle_nodes(slurm_cluster):
     out = slurm_cluster.script("status").stdout
     assert "debug*" in out
+    assert "urgent" in out  # the partition whose jobs preempt debug's
     assert "node[1-2]" in out
     assert "idle" in out
 
@@ -27,6 +30,26 @@ def test_start_on_a_running_cluster_is_a_no_op(slurm_cluster):
     assert "already running" in proc.stderr
     assert f"export SLURM_CONF='{slurm_cluster.env['SLURM_CONF']}'" in proc.stdout
     assert state_of(slurm_cluster) == before  # same daemons, same ports
+    assert "warning" not in proc.stderr
+
+
+def test_start_on_a_running_cluster_of_another_shape_says_so(slurm_cluster):
+    proc = slurm_cluster.script("start", "--nodes", "3")
+    assert "already running" in proc.stderr
+    assert "not the cluster asked for: --nodes 3 (it has 2)" in proc.stderr and "stop --dir" in proc.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    (["frobnicate"], "unknown command 'frobnicate'"),
+    ([], "a command is needed"),
+    (["start", "--nodes"], "--nodes needs a value"),
+    (["start", "--nodes", "--gpus", "2"], "--nodes needs a value"),
+    (["start", "--dir", "/tmp/" + "x" * 90], "too long for munge's socket"),
+])
+def test_bad_arguments_are_named_at_once(args, message):
+    proc = subprocess.run([LOCAL_CLUSTER, *args], capture_output=True, text=True, timeout=30)
+    assert proc.returncode != 0 and message in proc.stderr, proc.stderr
+    assert "line " not in proc.stderr  # not bash's own message
 
 
 def test_env_prints_what_clients_need(slurm_cluster):
