@@ -9,7 +9,7 @@ truth for the step; the job-level ones describe the allocation and may differ (`
 from __future__ import annotations
 
 import logging
-from typing import Mapping, Optional, Tuple
+from typing import List, Mapping, Optional, Tuple
 
 from ..distenv import DistEnv
 from ..envvars import (
@@ -39,6 +39,10 @@ NODES_VARIABLES = ("SLURM_STEP_NUM_NODES", "SLURM_NNODES", "SLURM_JOB_NUM_NODES"
 LAYOUT_VARIABLES = ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE")
 NODELIST_VARIABLES = ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
 DISTRIBUTION_VARIABLE = "SLURM_DISTRIBUTION"
+# Heterogeneous jobs: the component count, and the first component's nodes (HET since Slurm 20.02, PACK before
+# and still beside it in 22.05).
+HET_SIZE_VARIABLES = ("SLURM_HET_SIZE", "SLURM_PACK_SIZE")
+FIRST_COMPONENT_NODELIST = ("SLURM_JOB_NODELIST_HET_GROUP_0", "SLURM_JOB_NODELIST_PACK_GROUP_0")
 HOSTFILE_VARIABLE = "SLURM_HOSTFILE"
 
 
@@ -88,14 +92,18 @@ def read_step(environ: Mapping[str, str]) -> Optional[DistEnv]:
         )
     check_index("srun", "SLURM_PROCID", rank, world_name, world_size)
     check_index("srun", "SLURM_NODEID", node_rank, nodes_name, num_nodes)
-    local_world_size = layout[node_rank]
-    check_index("srun", "SLURM_LOCALID", local_rank, f"{layout_name}[node {node_rank}]", local_world_size)
+    het_nodes = _heterogeneous_step_nodes(environ)
+    position = _position(environ, het_nodes, node_rank)
+    local_world_size = layout[position]
+    check_index("srun", "SLURM_LOCALID", local_rank, f"{layout_name}[node {position}]", local_world_size)
 
     job = job_id(environ)
     master_addr, master_port = explicit_master(environ)
     first_host = _first_host(environ, num_nodes)  # read even when unused: it checks the nodelist
     if master_addr is None and not arbitrary_layout(environ):
-        master_addr = first_host  # block, cyclic and plane layouts all put task 0 on the first node
+        # Block, cyclic and plane layouts all put task 0 on the first node; a heterogeneous step on the
+        # first node of its first component, which Slurm's sorted step nodelist need not start with.
+        master_addr = _first_component_host(environ, het_nodes) or first_host
     if master_port is None:
         master_port = step_port(job or "0", step)
     return DistEnv(
@@ -110,6 +118,45 @@ def read_step(environ: Mapping[str, str]) -> Optional[DistEnv]:
         master_port=master_port,
         job_id=job,
     )
+
+
+def _heterogeneous_step_nodes(environ: Mapping[str, str]) -> Optional[List[str]]:
+    """The step's nodes, in the order of its nodelist and layout, when the job is heterogeneous (`srun ... :
+    ...`, or a step in an allocation made that way); else None, and nothing is expanded."""
+    if not any(name in environ for name in HET_SIZE_VARIABLES):
+        return None
+    from .. import hostlist
+
+    raw = next((environ[name] for name in NODELIST_VARIABLES if name in environ), None)
+    try:
+        return hostlist.expand(raw) if raw is not None else None
+    except HostlistError:
+        return None  # _first_host reports the bad nodelist, naming the variable
+
+
+def _position(environ: Mapping[str, str], het_nodes: Optional[List[str]], node_rank: int) -> int:
+    """This node's place in the step's nodelist and layout. SLURM_NODEID, except in a heterogeneous step:
+    Slurm sorts its nodelist (and layout) by name while SLURM_NODEID follows the tasks' order."""
+    name = environ.get("SLURMD_NODENAME", "").strip()
+    if het_nodes is not None and name in het_nodes:
+        return het_nodes.index(name)
+    return node_rank
+
+
+def _first_component_host(environ: Mapping[str, str], het_nodes: Optional[List[str]]) -> Optional[str]:
+    """Task 0's node in a heterogeneous step that runs the job's first component: that component's first
+    node. None when the step leaves the first component out (`srun --het-group=1`): its own nodelist's first
+    node is then task 0's, as in any step."""
+    if het_nodes is None:
+        return None
+    from .. import hostlist
+
+    raw = next((environ[name] for name in FIRST_COMPONENT_NODELIST if name in environ), None)
+    try:
+        component = hostlist.expand(raw) if raw is not None else []
+    except HostlistError:
+        return None
+    return component[0] if component and set(component) <= set(het_nodes) else None
 
 
 def arbitrary_layout(environ: Mapping[str, str]) -> bool:

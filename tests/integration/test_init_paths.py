@@ -159,6 +159,17 @@ def test_slurmdist_run_under_srun_exports_a_master_every_node_reaches(slurm_clus
     assert GLOO_FALLBACK not in result.stderr
 
 
+def test_a_heterogeneous_step_forms_one_group(slurm_cluster):
+    # Task 0 on node2, two tasks on node1: Slurm's sorted step nodelist starts with node1 and its layout
+    # (2,1) is in name order, not task order.
+    result = slurm_cluster.run(
+        ["srun", "-w", "node2", "-N1", "-n1", ":", "-w", "node1", "-N1", "-n2", PYTHON, ALLREDUCE, "slurmdist"],
+        timeout=120, check=False, env={"SLURMDIST_INIT_TIMEOUT": "60"})
+    assert result.returncode == 0, result.stdout + result.stderr
+    found = check_allreduce(result.stdout, 3, launcher="slurm")
+    assert [r["host"] for r in sorted(found, key=lambda r: r["rank"])] == ["node2", "node1", "node1"]
+
+
 def test_eval_of_env_shell_format_under_srun_exports_a_master_every_node_reaches(slurm_cluster):
     # The shell form of `slurmdist run`: node1 is not in DNS, so what the command's env:// start reads must be
     # Slurm's NodeAddr (the plain node name hung in torch's connect retries until its timeout).

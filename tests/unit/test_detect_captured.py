@@ -129,6 +129,27 @@ def test_mpirun_inside_an_allocation_wins_even_where_rank_and_size_match_the_dae
     assert len({(env.master_addr, env.master_port) for env in found}) == 1
 
 
+def test_a_heterogeneous_step_meets_on_its_first_components_node_and_counts_each_nodes_tasks():
+    # `srun -w node2 -n1 : -w node1 -n2`: task 0 runs on node2, but Slurm sorts the step's nodelist (node[1-2])
+    # and its layout (2,1) by name, while SLURM_NODEID follows the tasks (node2 is node 0).
+    found = [detect(environ) for environ in load_case(case_path("srun_het_N2"))]
+    assert [(env.rank, env.local_rank, env.local_world_size, env.node_rank) for env in found] == [
+        (0, 0, 1, 0), (1, 0, 2, 1), (2, 1, 2, 1)]
+    assert {(env.master_addr, env.master_port) for env in found} == {("node2", found[0].master_port)}
+
+
+def test_a_step_of_one_component_of_a_heterogeneous_job_meets_on_its_own_first_node():
+    # `srun --het-group=1` in that allocation: only node1's two tasks. The job's variables still say
+    # heterogeneous, but the first component (node2) is not in the step, so task 0 is on node1.
+    task = load_case(case_path("srun_het_N2"))[1]
+    environ = {**task, "SLURM_STEP_NODELIST": "node1", "SLURM_JOB_NODELIST": "node1", "SLURM_NODELIST": "node1",
+               "SLURM_STEP_NUM_NODES": "1", "SLURM_NNODES": "1", "SLURM_JOB_NUM_NODES": "1",
+               "SLURM_STEP_NUM_TASKS": "2", "SLURM_NTASKS": "2", "SLURM_NPROCS": "2", "SLURM_STEP_TASKS_PER_NODE": "2",
+               "SLURM_TASKS_PER_NODE": "2", "SLURM_NODEID": "0", "SLURM_PROCID": "0"}
+    env = detect(environ)
+    assert (env.master_addr, env.local_world_size, env.world_size) == ("node1", 2, 2)
+
+
 def test_srun_with_pmi2_from_the_cluster_is_slurm():
     for _, env in next(iter(launches_of("srun_pmi2_N2_n4").values())):
         assert env.launcher == "slurm"
