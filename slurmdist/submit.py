@@ -43,6 +43,7 @@ DEFAULT_SIGNAL_DELAY = 120  # seconds between the warning signal and the time li
 MAX_SIGNAL_DELAY = 65535  # the most seconds sbatch --signal=SIG@DELAY takes
 SIGNAL_EARLY = 60  # seconds Slurm may send the warning ahead of the asked time (its event resolution)
 SLURM_CALL_TIMEOUT = 15.0  # seconds for one squeue/sacct call
+SUBMIT_TIMEOUT = 120.0  # seconds for a submission (sbatch answers in well under a second on a healthy cluster)
 RESULT_GRACE = 5.0  # seconds to wait for result files after Slurm says the job ended (shared file systems lag)
 
 # Job states after which nothing more happens (a requeued job is PENDING/REQUEUED again, not PREEMPTED).
@@ -384,13 +385,37 @@ def build_executor(resources: Resources, cluster: str, folder: Path, python: Opt
 
 
 def _submitting(submit: Callable[[], Any]) -> Any:
-    """Turn submitit's submission failures (sbatch's message) into a SubmitError."""
+    """Run a submission with a bound, and turn submitit's failures (sbatch's message) into a SubmitError.
+
+    submitit calls sbatch without a timeout, so a slurmctld that does not answer would hang the caller; the
+    submission runs in a thread that is given up on after SUBMIT_TIMEOUT (sbatch itself may still finish).
+    """
+    import threading
+
     from submitit.core.utils import FailedJobError, FailedSubmissionError
 
-    try:
-        return submit()
-    except (FailedJobError, FailedSubmissionError, subprocess.CalledProcessError) as error:
+    outcome: Dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["job"] = submit()
+        except BaseException as error:  # handed to the caller's thread below
+            outcome["error"] = error
+
+    worker = threading.Thread(target=run, name="slurmdist-submit", daemon=True)
+    worker.start()
+    worker.join(SUBMIT_TIMEOUT)
+    if worker.is_alive():
+        raise SubmitError(
+            f"sbatch did not answer within {SUBMIT_TIMEOUT:.0f} s: slurmctld may be down or overloaded "
+            "(`scontrol ping`). The job may still be submitted: check `squeue --me` before submitting again"
+        )
+    error = outcome.get("error")
+    if isinstance(error, (FailedJobError, FailedSubmissionError, subprocess.CalledProcessError)):
         raise SubmitError(f"sbatch refused the job: {str(error).strip()}") from None
+    if error is not None:
+        raise error
+    return outcome["job"]
 
 
 # --- following jobs: state, wait, results ---------------------------------------------------------------------

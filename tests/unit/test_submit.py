@@ -219,3 +219,23 @@ def test_submitting_without_submitit_says_what_to_install(monkeypatch, submit):
     monkeypatch.setitem(sys.modules, "submitit", None)  # import fails as when it is not installed
     with pytest.raises(SubmitError, match=r"needs submitit: pip install 'slurmdist\[submit\]'"):
         submit(Submitter(cluster="local"))
+
+
+def test_a_submission_that_sbatch_never_answers_fails_within_its_bound(tmp_path, monkeypatch):
+    # submitit calls sbatch without a timeout: a slurmctld that never answers must not hang the caller.
+    import time
+
+    import slurmdist.submit as submit
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool, body in (("sbatch", "sleep 30"), ("srun", "exit 0")):
+        (bin_dir / tool).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_dir / tool).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{__import__('os').environ['PATH']}")
+    monkeypatch.setattr(submit, "SUBMIT_TIMEOUT", 1.0)
+    submitter = submit.Submitter(cluster="slurm", folder=tmp_path / "%j")
+    started = time.monotonic()
+    with pytest.raises(SubmitError, match=r"sbatch did not answer within 1 s.*squeue --me"):
+        submitter.submit(print)
+    assert time.monotonic() - started < 10
