@@ -140,7 +140,7 @@ def test_preempted_job_checkpoints_requeues_and_resumes(cluster, example, refere
     assert 0 < saved_step < steps
     # The same model as an uninterrupted run: the requeue lost and changed nothing.
     assert {r["checksum"] for r in outcome} == {reference(2, 2, steps)["checksum"]}
-    history = cluster.run(["sacct", "-n", "-P", "-D", "-X", "-o", "State", "-j", job.job_id]).stdout.split()
+    history = run_history(cluster, job.job_id)
     assert history == ["REQUEUED", "COMPLETED"]
 
 
@@ -159,8 +159,7 @@ def test_sigterm_without_a_warning_saves_a_checkpoint_and_ends_the_job(cluster, 
         results(job, timeout=TIMEOUT)
     assert checkpoint.exists() and checkpoint.stat().st_mtime >= signalled - 1
     assert "got SIGTERM" in job.paths.stderr.read_text()
-    assert cluster.run(["sacct", "-n", "-P", "-D", "-X", "-o", "State", "-j", job.job_id]).stdout.split() == [
-        ended.value.state]  # one run: nothing requeued it
+    assert run_history(cluster, job.job_id) == [ended.value.state]  # one run: nothing requeued it
 
 
 def test_a_preempted_job_saves_on_sigterm_is_requeued_by_slurm_and_resumes(cluster, example, reference, tmp_path):
@@ -179,7 +178,7 @@ def test_a_preempted_job_saves_on_sigterm_is_requeued_by_slurm_and_resumes(clust
     assert outcome[0]["restarts"] == 1
     assert 0 < outcome[0]["resumed_from_step"] < steps  # saved on SIGTERM, not started over
     assert {r["checksum"] for r in outcome} == {reference(2, 1, steps)["checksum"]}
-    history = cluster.run(["sacct", "-n", "-P", "-D", "-X", "-o", "State", "-j", job.job_id]).stdout.split()
+    history = run_history(cluster, job.job_id)
     assert history == ["PREEMPTED", "COMPLETED"], history
 
 
@@ -211,7 +210,7 @@ def test_a_submitted_command_that_requeues_itself_ends_with_its_requeued_run(clu
     cluster.run(["scancel", "--signal=USR2", job.job_id])
     assert results(job, timeout=TIMEOUT) == [0, 0]
     assert "finished after 1 requeue(s)" in job.paths.stdout.read_text()
-    history = cluster.run(["sacct", "-n", "-P", "-D", "-X", "-o", "State", "-j", job.job_id]).stdout.split()
+    history = run_history(cluster, job.job_id)
     assert history == ["REQUEUED", "COMPLETED"]
 
 
@@ -259,6 +258,18 @@ def fail_on_rank_one() -> None:
     if env.rank == 1:
         raise ValueError("rank 1 gives up")
     slurmdist.barrier()
+
+
+def run_history(cluster, job_id: str, timeout: float = 60) -> list:
+    """The job's runs as accounting records them (`sacct -D`: one state per run), once the last run ended:
+    every task may have written its result while Slurm still says RUNNING or COMPLETING."""
+    deadline = time.monotonic() + timeout
+    while True:
+        history = cluster.run(["sacct", "-n", "-P", "-D", "-X", "-o", "State", "-j", job_id]).stdout.split()
+        if history and history[-1] not in ("PENDING", "RUNNING", "COMPLETING", "REQUEUED", "CONFIGURING"):
+            return history
+        assert time.monotonic() < deadline, f"job {job_id} still {history} after {timeout} s"
+        time.sleep(0.5)
 
 
 def wait_for_line(path: Path, pattern: str, timeout: float = TIMEOUT) -> None:
