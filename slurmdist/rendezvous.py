@@ -44,6 +44,14 @@ VERDICT_GRACE = 5.0  # how long a rank waits for another rank's timeout report b
 POLL_FIRST, POLL_MAX = 0.001, 0.05
 
 
+def poll_pauses() -> Iterator[float]:
+    """Seconds to sleep between polls: POLL_FIRST, doubling up to POLL_MAX."""
+    pause = POLL_FIRST
+    while True:
+        yield pause
+        pause = min(POLL_MAX, pause * 2)
+
+
 class Deadline:
     """One absolute deadline shared by every wait of a rendezvous."""
 
@@ -299,15 +307,14 @@ def mpi_broadcast(comm: Any, text: Optional[str], deadline: Deadline, size: int 
         data = text.encode()
         buffer[: len(data)] = data
     request = comm.Ibcast(buffer, root=0)
-    sleep = POLL_FIRST
+    pauses = poll_pauses()
     while not request.Test():
         if deadline.expired():
             raise RendezvousError(
                 f"rank 0 did not share its address over MPI within {deadline.seconds:.0f} s "
                 f"(world size {comm.Get_size()}): rank 0 has not reached slurmdist.init()"
             )
-        time.sleep(sleep)
-        sleep = min(POLL_MAX, sleep * 2)
+        time.sleep(next(pauses))
     return bytes(buffer).rstrip(b"\0").decode()
 
 
@@ -358,7 +365,7 @@ def wait_listening(
     address that answered (a name may have several). A name is looked up once (or not at all, when the
     caller passes the `candidates` it resolved), not at every attempt: the lookup has no timeout of its own,
     and thousands of ranks polling would flood the name server."""
-    sleep = POLL_FIRST
+    pauses = poll_pauses()
     last: Optional[BaseException] = None
     candidates = list(candidates) or addresses(host, min(10.0, deadline.remaining())) or [strip_brackets(host)]
     while True:
@@ -375,8 +382,7 @@ def wait_listening(
                 f"(world size {world_size}, last error: {last}): rank 0 has not started, crashed before "
                 "slurmdist.init(), or MASTER_ADDR/MASTER_PORT point elsewhere"
             )
-        time.sleep(min(sleep, deadline.remaining()))
-        sleep = min(POLL_MAX, sleep * 2)
+        time.sleep(min(next(pauses), deadline.remaining()))
 
 
 def open_store(
@@ -698,7 +704,7 @@ def open_meeting(
     """
     where = hostport(host, env.master_port)
     serve = rank0_serves and env.rank == 0
-    sleep = POLL_FIRST
+    pauses = poll_pauses()
     while True:
         store, peer = open_store(
             host, env.master_port, env.rank, env.world_size, deadline, serve=serve, candidates=candidates
@@ -723,8 +729,7 @@ def open_meeting(
                 "keeps restarting, or another program holds MASTER_PORT"
             )
         log.debug("rank %d: the store at %s closed (%s); joining again", env.rank, where, _first_line(closed))
-        time.sleep(min(sleep, deadline.remaining()))
-        sleep = min(POLL_MAX, sleep * 2)
+        time.sleep(min(next(pauses), deadline.remaining()))
 
 
 def _slurm_master(env: DistEnv, environ: Mapping[str, str], deadline: Deadline) -> DistEnv:

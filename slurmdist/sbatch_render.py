@@ -93,9 +93,9 @@ def validate(spec: JobSpec) -> JobSpec:
                           "not trap: the job would die without a checkpoint. Drop the B: (every task gets it)")
     _check("signal", spec.signal or None, _SIGNAL, "Slurm's format: SIGNAL[@SECONDS], e.g. USR2@120")
     if spec.signal and spec.launcher != "srun":
-        raise SbatchError(f"--signal {spec.signal!r} with --launcher {spec.launcher}: "
-                          f"{'torchrun' if spec.launcher == 'torchrun' else 'mpirun'} does not pass it on to the "
-                          "ranks and would die of it; use --launcher srun for a warning before the time limit")
+        raise SbatchError(f"--signal {spec.signal!r} with --launcher {spec.launcher}: {spec.launcher} does not "
+                          "pass it on to the ranks and would die of it; use --launcher srun for a warning before "
+                          "the time limit")
     if spec.gpus_per_node and spec.device == "cpu":
         raise SbatchError(f"--gpus-per-node {spec.gpus_per_node} with --device cpu: drop one of them "
                           "(CPU-only jobs give --tasks-per-node)")

@@ -125,13 +125,7 @@ def _heterogeneous_step_nodes(environ: Mapping[str, str]) -> Optional[List[str]]
     ...`, or a step in an allocation made that way); else None, and nothing is expanded."""
     if not any(name in environ for name in HET_SIZE_VARIABLES):
         return None
-    from .. import hostlist
-
-    raw = next((environ[name] for name in NODELIST_VARIABLES if name in environ), None)
-    try:
-        return hostlist.expand(raw) if raw is not None else None
-    except HostlistError:
-        return None  # _first_host reports the bad nodelist, naming the variable
+    return _hosts_of(environ, NODELIST_VARIABLES)  # a bad nodelist: _first_host reports it, naming the variable
 
 
 def _position(environ: Mapping[str, str], het_nodes: Optional[List[str]], node_rank: int) -> int:
@@ -147,16 +141,19 @@ def _first_component_host(environ: Mapping[str, str], het_nodes: Optional[List[s
     """Task 0's node in a heterogeneous step that runs the job's first component: that component's first
     node. None when the step leaves the first component out (`srun --het-group=1`): its own nodelist's first
     node is then task 0's, as in any step."""
-    if het_nodes is None:
-        return None
+    component = _hosts_of(environ, FIRST_COMPONENT_NODELIST) if het_nodes is not None else None
+    return component[0] if component and set(component) <= set(het_nodes or ()) else None
+
+
+def _hosts_of(environ: Mapping[str, str], names: Tuple[str, ...]) -> Optional[List[str]]:
+    """The hosts of the first of `names` that is set; None when none is, or it is not a valid hostlist."""
     from .. import hostlist
 
-    raw = next((environ[name] for name in FIRST_COMPONENT_NODELIST if name in environ), None)
+    raw = next((environ[name] for name in names if name in environ), None)
     try:
-        component = hostlist.expand(raw) if raw is not None else []
+        return hostlist.expand(raw) if raw is not None else None
     except HostlistError:
         return None
-    return component[0] if component and set(component) <= set(het_nodes) else None
 
 
 def arbitrary_layout(environ: Mapping[str, str]) -> bool:
