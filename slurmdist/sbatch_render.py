@@ -45,6 +45,7 @@ class JobSpec:
     nodes: int = 1
     gpus_per_node: int = 0
     tasks_per_node: Optional[int] = None  # default: one per GPU (one per node under torchrun), else 1
+    workers_per_node: Optional[int] = None  # torchrun's --nproc-per-node; default: one per GPU, else 1
     cpus_per_task: Optional[int] = None
     time: str = "01:00:00"
     partition: Optional[str] = None
@@ -55,6 +56,7 @@ class JobSpec:
     device: str = "gpu"
     signal: Optional[str] = None  # the warning before the time limit: None = USR2@120 under srun, "" = none
     requeue: bool = True
+    share_devices: bool = False  # let more ranks than devices share a node's GPUs/NPUs (SLURMDIST_SHARE_DEVICES)
 
 
 # --- validation ------------------------------------------------------------------------------------------
@@ -74,7 +76,7 @@ def validate(spec: JobSpec) -> JobSpec:
         raise SbatchError(f"--launcher {spec.launcher!r}: use one of {', '.join(LAUNCHERS)}")
     if spec.device not in DEVICES:
         raise SbatchError(f"--device {spec.device!r}: use one of {', '.join(DEVICES)}")
-    for option in ("nodes", "gpus_per_node", "tasks_per_node", "cpus_per_task"):
+    for option in ("nodes", "gpus_per_node", "tasks_per_node", "workers_per_node", "cpus_per_task"):
         value = getattr(spec, option)
         minimum = 0 if option == "gpus_per_node" else 1
         if value is not None and value < minimum:
@@ -99,6 +101,9 @@ def validate(spec: JobSpec) -> JobSpec:
     if spec.gpus_per_node and spec.device == "cpu":
         raise SbatchError(f"--gpus-per-node {spec.gpus_per_node} with --device cpu: drop one of them "
                           "(CPU-only jobs give --tasks-per-node)")
+    if spec.workers_per_node is not None and spec.launcher != "torchrun":
+        raise SbatchError(f"--workers-per-node is for --launcher torchrun; with {spec.launcher} each task is one "
+                          "rank: use --tasks-per-node")
     if spec.launcher == "torchrun":
         if spec.tasks_per_node not in (None, 1):
             raise SbatchError("--launcher torchrun runs one srun task per node (torchrun starts the workers): "
@@ -106,17 +111,40 @@ def validate(spec: JobSpec) -> JobSpec:
         if re.fullmatch(r"python[0-9.]*", spec.command[0].rsplit("/", 1)[-1]):
             raise SbatchError("--launcher torchrun starts Python itself: pass the script and its arguments, "
                               "e.g. `-- train.py --lr 0.1`")
-    tasks = spec.tasks_per_node
-    if tasks is None:
-        tasks = 1 if spec.launcher == "torchrun" else max(spec.gpus_per_node, 1)
-    return replace(spec, tasks_per_node=tasks)
+    spec = _with_rank_counts(spec)
+    _check_devices_per_rank(spec)
+    return spec
+
+
+def _with_rank_counts(spec: JobSpec) -> JobSpec:
+    """Tasks per node, and torchrun's workers per node: one per GPU unless given (torchrun: one task)."""
+    per_gpu = max(spec.gpus_per_node, 1)
+    if spec.launcher == "torchrun":
+        return replace(spec, tasks_per_node=1, workers_per_node=spec.workers_per_node or per_gpu)
+    return replace(spec, tasks_per_node=spec.tasks_per_node or per_gpu)
+
+
+def _check_devices_per_rank(spec: JobSpec) -> None:
+    """More ranks on a node than GPUs/NPUs: slurmdist.init() would refuse it in every rank once the job runs."""
+    torchrun = spec.launcher == "torchrun"
+    ranks = (spec.workers_per_node if torchrun else spec.tasks_per_node) or 1
+    option = "--workers-per-node" if torchrun else "--tasks-per-node"
+    if spec.device == "cpu" or not spec.gpus_per_node or ranks <= spec.gpus_per_node or spec.share_devices:
+        return
+    kind = "NPUs" if spec.device == "npu" else "GPUs"
+    raise SbatchError(
+        f"{option} {ranks} with --gpus-per-node {spec.gpus_per_node}: {ranks} ranks per node on "
+        f"{spec.gpus_per_node} {kind}, which slurmdist.init() refuses when the job starts (ranks stacked on one "
+        f"device are slow and run out of its memory). Ask for {ranks} {kind} per node, run fewer ranks, or "
+        f"pass --share-devices if sharing is what you want (it sets SLURMDIST_SHARE_DEVICES=1)"
+    )
 
 
 # --- rendering (pure) ------------------------------------------------------------------------------------
 
 
-def render(spec: JobSpec, workers_per_node: Optional[int] = None) -> str:
-    """The job script for a validated `spec`. `workers_per_node` only matters under torchrun."""
+def render(spec: JobSpec) -> str:
+    """The job script for `spec`, validated here."""
     spec = validate(spec)
     lines = ["#!/bin/bash", "# Rendered by `slurmdist sbatch`. Submit with: sbatch THIS_FILE", "#"]
     lines += [f"#SBATCH {option}" for option in sbatch_options(spec)]
@@ -126,12 +154,15 @@ def render(spec: JobSpec, workers_per_node: Optional[int] = None) -> str:
             "# Slurm >= 22.05: srun no longer inherits --cpus-per-task from the allocation; hand it on when set.",
             "if [[ -n ${SLURM_CPUS_PER_TASK:-} ]]; then export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK; fi",
         ]
+    if spec.share_devices:
+        lines += ["# Asked for with --share-devices: more ranks per node than devices, on purpose.",
+                  "export SLURMDIST_SHARE_DEVICES=1"]
     lines += [
         'cd "${SLURM_SUBMIT_DIR:-.}"',
         'echo "job $SLURM_JOB_ID: $SLURM_NNODES node(s) ($SLURM_JOB_NODELIST), $SLURM_NTASKS task(s)"',
         "",
     ]
-    launch = launch_lines(spec, workers_per_node)
+    launch = launch_lines(spec)
     if any(mark in word for word in spec.command for mark in ("$", "`")):
         # The command's `$`/backticks are quoted on purpose: they reach the program as typed. The directive
         # covers the one command that follows it: the launcher line.
@@ -165,7 +196,7 @@ def quote_command(words: Sequence[str]) -> str:
     return " ".join(shlex.quote(word) for word in words)
 
 
-def launch_lines(spec: JobSpec, workers_per_node: Optional[int]) -> List[str]:
+def launch_lines(spec: JobSpec) -> List[str]:
     command = quote_command(spec.command)
     if spec.launcher == "srun":
         return ["# One task per GPU: slurmdist.init() reads SLURM_PROCID / SLURM_LOCALID in each.",
@@ -175,7 +206,6 @@ def launch_lines(spec: JobSpec, workers_per_node: Optional[int]) -> List[str]:
         per_node = f'"ppr:${{SLURM_NTASKS_PER_NODE:-{spec.tasks_per_node}}}:node"'
         return ["# mpirun reads the allocation and starts its daemons with srun; slurmdist reads the MPI ranks.",
                 f'mpirun -np "$SLURM_NTASKS" --map-by {per_node} --bind-to none {command}']
-    workers = workers_per_node or max(spec.gpus_per_node, 1)
     return [
         "# torchrun, one per node; the c10d rendezvous is hosted on the first node, at its Slurm NodeAddr.",
         'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
@@ -185,7 +215,7 @@ def launch_lines(spec: JobSpec, workers_per_node: Optional[int]) -> List[str]:
         "# Escaped \\$ expands inside each task (its own node); the rest expands here, once.",
         'srun --kill-on-bad-exit=1 bash -c "',
         "    addr=\\$(scontrol -o show node \\\"\\$SLURMD_NODENAME\\\" | grep -o 'NodeAddr=[^ ]*' | cut -d= -f2)",
-        '    exec torchrun --nnodes=$SLURM_NNODES --nproc-per-node=' + str(workers) + ' \\',
+        f'    exec torchrun --nnodes=$SLURM_NNODES --nproc-per-node={spec.workers_per_node} \\',
         "        --rdzv-backend=c10d --rdzv-endpoint=$head_addr:$rdzv_port --rdzv-id=$SLURM_JOB_ID \\",
         '        --rdzv-conf=is_host=\\$((SLURM_NODEID == 0)) --local-addr=\\"\\${addr:-\\$SLURMD_NODENAME}\\" \\',
         f'        \\"\\$@\\"" torchrun {command}',
@@ -218,6 +248,8 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--signal", default=None,
                         help="warning signal before the time limit (default USR2@120 with srun; '' for none)")
     parser.add_argument("--no-requeue", dest="requeue", action="store_false")
+    parser.add_argument("--share-devices", action="store_true",
+                        help="allow more ranks per node than GPUs/NPUs (exports SLURMDIST_SHARE_DEVICES=1)")
     parser.add_argument("--write", metavar="FILE", help="write the script to FILE instead of stdout")
     parser.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARGS...]")
     parser.set_defaults(handler=_sbatch)
@@ -232,6 +264,7 @@ def spec_from_args(args: argparse.Namespace) -> JobSpec:
         nodes=args.nodes,
         gpus_per_node=args.gpus_per_node,
         tasks_per_node=args.tasks_per_node,
+        workers_per_node=args.workers_per_node,
         cpus_per_task=args.cpus_per_task,
         time=args.time,
         partition=args.partition,
@@ -242,16 +275,12 @@ def spec_from_args(args: argparse.Namespace) -> JobSpec:
         device=args.device,
         signal=args.signal,
         requeue=args.requeue,
+        share_devices=args.share_devices,
     )
 
 
 def _sbatch(args: argparse.Namespace) -> int:
-    if args.workers_per_node is not None and args.workers_per_node < 1:
-        raise SbatchError(f"--workers-per-node must be at least 1, got {args.workers_per_node}")
-    if args.workers_per_node is not None and args.launcher != "torchrun":
-        raise SbatchError(f"--workers-per-node is for --launcher torchrun; with {args.launcher} each task is one "
-                          "rank: use --tasks-per-node")
-    script = render(spec_from_args(args), args.workers_per_node)
+    script = render(spec_from_args(args))
     if args.write:
         try:
             with open(args.write, "w") as stream:

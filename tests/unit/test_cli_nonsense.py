@@ -93,7 +93,7 @@ OPTIONS = {
     "hostlist": ["expand", "compress", "first", "count"],
     "sbatch": ["--nodes", "-N", "--gpus-per-node", "-G", "--tasks-per-node", "--workers-per-node", "-c", "--time",
                "--partition", "--account", "--job-name", "--output", "--launcher", "--device", "--signal",
-               "--no-requeue", "--"],
+               "--no-requeue", "--share-devices", "--"],
     "submit": ["--nodes", "--gpus-per-node", "--tasks-per-node", "--cpus-per-task", "--time", "--partition",
                "--account", "--mem", "--sbatch", "--setup", "--name", "--signal", "--signal-delay", "--cluster",
                "--wait", "--timeout", "--"],
@@ -121,9 +121,7 @@ def validate_parsed(args) -> None:
     if name.endswith("cli._hostlist") or name.endswith("cli._env"):
         args.handler(args)  # pure: parses, prints, or reads this (clean) environment
     elif name.endswith("sbatch_render._sbatch"):
-        if args.workers_per_node is not None and args.workers_per_node < 1:
-            raise sbatch_render.SbatchError("--workers-per-node")
-        sbatch_render.render(sbatch_render.spec_from_args(args), args.workers_per_node)
+        sbatch_render.render(sbatch_render.spec_from_args(args))
     elif name.endswith("submit_cli.run"):
         submit_cli.command_of(args)
         options = submit_cli.submitter_options(args)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import stat
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 from typing import List
 
@@ -132,6 +133,13 @@ def test_cli_refuses_with_status_2_and_no_traceback(capsys, tmp_path):
     (["--launcher", "mpirun", "--signal", "USR2@60", "--", "python", "t.py"], "mpirun does not pass it on"),
     (["--workers-per-node", "2", "--", "python", "t.py"], "--workers-per-node is for --launcher torchrun"),
     (["-G", "4", "--device", "cpu", "--", "python", "t.py"], "--gpus-per-node 4 with --device cpu"),
+    (["--launcher", "torchrun", "--workers-per-node", "0", "--", "t.py"], "--workers-per-node must be at least 1"),
+    (["-G", "4", "--tasks-per-node", "8", "--", "python", "t.py"],
+     "--tasks-per-node 8 with --gpus-per-node 4: 8 ranks per node on 4 GPUs"),
+    (["-G", "4", "--launcher", "mpirun", "--tasks-per-node", "6", "--", "python", "t.py"], "6 ranks per node on 4 GPUs"),
+    (["-G", "4", "--launcher", "torchrun", "--workers-per-node", "8", "--", "t.py"],
+     "--workers-per-node 8 with --gpus-per-node 4"),
+    (["-G", "8", "--device", "npu", "--tasks-per-node", "16", "--", "python", "t.py"], "16 ranks per node on 8 NPUs"),
 ])
 def test_cli_usage_errors(capsys, args, message):
     assert cli.main(["sbatch", *args]) == 2
@@ -157,6 +165,29 @@ def test_npu_cpu_and_torchrun_layouts():
     assert "--ntasks-per-node=2\n" in cpu and "gres" not in cpu and "gpus" not in cpu
     torchrun = render(JobSpec(command=("t.py",), nodes=2, gpus_per_node=4, launcher="torchrun"))
     assert "--ntasks-per-node=1\n" in torchrun and "--signal" not in torchrun  # torchrun's agent dies of it
+
+
+@pytest.mark.parametrize("launcher, ranks_option", [
+    ("srun", "tasks_per_node"), ("mpirun", "tasks_per_node"), ("torchrun", "workers_per_node"),
+])
+def test_more_ranks_than_gpus_only_when_asked_to_share(tmp_path, launcher, ranks_option):
+    command = ("t.py",) if launcher == "torchrun" else ("python", "t.py")
+    spec = JobSpec(command=command, nodes=2, gpus_per_node=2, launcher=launcher, **{ranks_option: 4})
+    with pytest.raises(SbatchError, match="--share-devices"):
+        render(spec)
+    script = render(replace(spec, share_devices=True))
+    assert "\nexport SLURMDIST_SHARE_DEVICES=1\n" in script
+    assert "#SBATCH --gpus-per-node=2\n" in script
+    run_script(script, tmp_path)  # the script still runs its launcher
+    if launcher == "torchrun":
+        assert "--nproc-per-node=4" in script
+    else:
+        assert "#SBATCH --ntasks-per-node=4\n" in script
+
+
+def test_fewer_ranks_than_gpus_and_cpu_jobs_need_no_sharing():
+    assert "SHARE" not in render(JobSpec(command=("python", "t.py"), gpus_per_node=4, tasks_per_node=1))
+    assert "SHARE" not in render(JobSpec(command=("python", "t.py"), device="cpu", tasks_per_node=16))
 
 
 def test_write_to_a_file(tmp_path, capsys):
