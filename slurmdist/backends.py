@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-from typing import Any, Dict, NamedTuple, Optional
+from typing import Any, Dict, Mapping, NamedTuple, Optional
 
+from .devices import visibility
 from .errors import BackendError
 
 KNOWN_BACKENDS = ("nccl", "hccl", "mpi", "gloo")
@@ -43,6 +44,7 @@ class BackendChoice(NamedTuple):
 
 def probe(requested: str = "auto") -> Capabilities:
     """Ask torch what it can do. Imports torch_npu only when an NPU backend could be chosen."""
+    requested = requested.strip().lower()
     import torch
     import torch.distributed as dist
 
@@ -123,12 +125,16 @@ def check_available(name: str, caps: Capabilities) -> None:
         raise BackendError(advice)
 
 
-def choose(requested: str, caps: Capabilities, device: Optional[str] = None) -> BackendChoice:
-    """Pick the backend and device type. `device` ('cpu', 'cuda', 'npu') overrides the device type.
+def choose(
+    requested: str, caps: Capabilities, device: Optional[str] = None, environ: Optional[Mapping[str, str]] = None
+) -> BackendChoice:
+    """Pick the backend and device type. `device` ('cpu', 'cuda', 'npu') overrides the device type;
+    `environ` only feeds messages (which visibility variables are set).
 
     auto: CUDA devices -> nccl, NPUs under torch_npu -> hccl, otherwise gloo on the CPU.
     """
-    if requested == "auto":
+    environ = {} if environ is None else environ
+    if requested.strip().lower() == "auto":
         if caps.cuda_devices > 0 and caps.nccl and device in (None, "cuda"):
             choice = BackendChoice("nccl", "cuda")
         elif caps.npu_devices > 0 and device in (None, "npu"):
@@ -141,28 +147,74 @@ def choose(requested: str, caps: Capabilities, device: Optional[str] = None) -> 
             check_available(name, caps)
         if "" in mapping:
             choice = BackendChoice(mapping[""], device or BACKEND_DEVICE[mapping[""]])
-            return _checked(choice, caps)
+            return _checked(choice, caps, environ)
         accelerators = [d for d in ("cuda", "npu") if d in mapping and _count(d, caps) > 0]
         device_type = device or (accelerators[0] if accelerators else "cpu")
         choice = BackendChoice(requested.strip().lower(), device_type)
-    return _checked(choice, caps)
+    return _checked(choice, caps, environ)
 
 
 def _count(device_type: str, caps: Capabilities) -> int:
     return {"cuda": caps.cuda_devices, "npu": caps.npu_devices}.get(device_type, 1)
 
 
-def _checked(choice: BackendChoice, caps: Capabilities) -> BackendChoice:
+# Backends that run on one kind of device only: nccl cannot move CPU tensors, hccl only NPU ones.
+ACCELERATOR_ONLY = {"nccl": "cuda", "hccl": "npu"}
+
+
+def _checked(choice: BackendChoice, caps: Capabilities, environ: Mapping[str, str]) -> BackendChoice:
     if choice.device_type not in DEVICE_TYPES:
         raise BackendError(f"unknown device type {choice.device_type!r}; use one of {', '.join(DEVICE_TYPES)}")
-    if _count(choice.device_type, caps) == 0:
-        variable = {"cuda": "CUDA_VISIBLE_DEVICES", "npu": "ASCEND_RT_VISIBLE_DEVICES"}[choice.device_type]
+    needs = ACCELERATOR_ONLY.get(choice.backend)
+    if needs is not None and choice.device_type != needs:
         raise BackendError(
-            f"backend {choice.backend!r} needs a {choice.device_type} device but this process sees none; "
-            f"check that the job asked for devices (srun --gpus-per-task / --gres) and that {variable} is "
-            f"not empty, or {_cpu_advice(choice)}"
+            f"backend {choice.backend!r} runs on {needs} devices only, not on device={choice.device_type!r} "
+            f"(its first collective would fail); pass device={needs!r} (or leave device out), or "
+            f"backend='gloo' for the CPU"
+        )
+    if _count(choice.device_type, caps) == 0:
+        raise BackendError(
+            f"backend {choice.backend!r} needs a {choice.device_type} device but this process sees none "
+            f"({visibility(choice.device_type, environ)}); check that the job asked for devices (srun "
+            f"--gpus-per-task / --gres) and that the variable names devices of this node, or {_cpu_advice(choice)}"
         )
     return choice
+
+
+# Where Slurm says it gave this task GPUs (gres/gpu): when torch sees none, `auto` falling back to the CPU
+# is almost always a broken install (a CPU-only torch, a driver mismatch), not the plan.
+SLURM_GPU_VARIABLES = ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS", "SLURM_GPUS_ON_NODE")
+
+
+def unused_gpus(
+    requested: str, choice: BackendChoice, caps: Capabilities, environ: Mapping[str, str]
+) -> Optional[str]:
+    """A warning when `auto` chose the CPU although Slurm allocated GPUs to this task, else None."""
+    if requested.strip().lower() != "auto" or choice.device_type != "cpu" or caps.cuda_devices > 0:
+        return None
+    given = [f"{name}={environ[name]!r}" for name in SLURM_GPU_VARIABLES if _names_gpus(name, environ.get(name))]
+    if not given:
+        return None
+    build = "a CPU-only build" if not caps.cuda_build else "its CUDA runtime sees no device"
+    return (
+        f"Slurm gave this task GPUs ({', '.join(given)}; {visibility('cuda', environ)}) but torch "
+        f"{caps.torch_version} sees none ({build}), so backend 'auto' runs gloo on the CPU. Install a CUDA "
+        "build of PyTorch or check the driver (nvidia-smi); pass backend='gloo' if the CPU is intended"
+    )
+
+
+def _names_gpus(name: str, value: Optional[str]) -> bool:
+    """SLURM_GPUS_ON_NODE is a count; the others list GPU indices ("0" is GPU 0)."""
+    if value is None or not value.strip():
+        return False
+    return not value.strip().isdigit() or int(value) > 0 if name == "SLURM_GPUS_ON_NODE" else True
+
+
+def check_index(device: Any, choice: BackendChoice) -> None:
+    """A bare index (`device=1`) means the chosen accelerator's; on the CPU it names nothing."""
+    if isinstance(device, int) and not isinstance(device, bool) and choice.device_type == "cpu":
+        raise BackendError(f"device={device!r} is an accelerator index, but backend {choice.backend!r} runs on "
+                           "the CPU here; leave device out, or pass 'cuda:N' / 'npu:N'")
 
 
 def _cpu_advice(choice: BackendChoice) -> str:
@@ -173,13 +225,18 @@ def _cpu_advice(choice: BackendChoice) -> str:
 
 
 def split_device(device: Any) -> "tuple[Optional[str], Optional[int]]":
-    """`None`, `'cuda'`, `'cuda:1'` or a `torch.device` -> (type, index or None)."""
+    """`None`, `'cuda'`, `'cuda:1'`, a `torch.device`, or an index of the chosen accelerator (`1`, as
+    torch.cuda.set_device takes) -> (type or None, index or None)."""
     if device is None:
         return None, None
+    if isinstance(device, int) and not isinstance(device, bool):
+        if device < 0:
+            raise BackendError(f"device={device!r}: an index counts from 0")
+        return None, device
     text = str(device)
-    kind, _, index = text.partition(":")
+    kind, colon, index = text.partition(":")
     if kind not in DEVICE_TYPES:
         raise BackendError(f"unknown device {text!r}; use 'cpu', 'cuda', 'npu' or one with an index, 'cuda:1'")
-    if index and not index.isdigit():
-        raise BackendError(f"device index in {text!r} is not a number")
-    return kind, (int(index) if index else None)
+    if colon and not index.isdigit():
+        raise BackendError(f"device index in {text!r} is not a number (write {kind!r} or '{kind}:0')")
+    return kind, (int(index) if colon else None)

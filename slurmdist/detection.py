@@ -94,8 +94,7 @@ def _mpirun_inside_step(step: DistEnv, launched_by_mpi: Optional[DistEnv]) -> bo
     """
     if launched_by_mpi is None:
         return False
-    placement = ("rank", "world_size", "local_rank", "local_world_size")
-    disagree = any(getattr(launched_by_mpi, name) != getattr(step, name) for name in placement)
+    disagree = not _same_placement(launched_by_mpi, step)
     if disagree:
         logger.debug(
             "slurmdist: %s ranks inside srun step (rank %d of %d vs step task %d of %d): using %s",
@@ -107,6 +106,29 @@ def _mpirun_inside_step(step: DistEnv, launched_by_mpi: Optional[DistEnv]) -> bo
             launched_by_mpi.launcher,
         )
     return disagree
+
+
+def _same_placement(one: DistEnv, other: DistEnv) -> bool:
+    return all(getattr(one, name) == getattr(other, name) for name in _PLACEMENT)
+
+
+_PLACEMENT = ("rank", "world_size", "local_rank", "local_world_size")
+
+
+def is_own_srun_task(env: DistEnv, environ: Mapping[str, str]) -> bool:
+    """True when this process is an srun task of its own, so devices Slurm narrowed per task are its alone.
+
+    srun started it directly (launcher "slurm"), or the variables `detect()` read place it exactly as the
+    step does: `srun slurmdist run -- python train.py`, or a job script that exports RANK/LOCAL_RANK from
+    the step's. torchrun's workers and mpirun's ranks inside one task are placed differently.
+    """
+    if env.launcher == "slurm":
+        return True
+    try:
+        step = slurm.read_step(environ)
+    except LaunchError:  # malformed step variables: detect() did not rely on them either
+        return False
+    return step is not None and _same_placement(step, env)
 
 
 def _forced(name: str, environ: Mapping[str, str]) -> DistEnv:

@@ -1,20 +1,50 @@
 """Which accelerator ordinal a process uses: pure functions over the environment and a device count.
 
-The count comes from torch, which already honours `CUDA_VISIBLE_DEVICES` / `ASCEND_RT_VISIBLE_DEVICES`; the
-environment tells whether Slurm narrowed visibility to an srun task's own GPUs (`--gpus-per-task`,
-`--gpu-bind=per_task`), in which case that task's device is ordinal 0 whatever its local rank. slurmdist
+The count comes from torch, which already honours `CUDA_VISIBLE_DEVICES` (and ROCm's HIP/ROCR variables) /
+`ASCEND_RT_VISIBLE_DEVICES`; the environment tells whether visibility was narrowed to an srun task's own
+devices (`--gpus-per-task`, `--gpu-bind=per_task`, a per-task `ASCEND_RT_VISIBLE_DEVICES`), in which case
+that task's first device is ordinal 0 whatever its local rank. slurmdist
 reads these variables and never writes them: a visibility variable belongs to the user and the scheduler.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Mapping, NamedTuple, Optional, Tuple
 
 from .errors import BackendError
 
-VISIBILITY_VARIABLE = {"cuda": "CUDA_VISIBLE_DEVICES", "npu": "ASCEND_RT_VISIBLE_DEVICES"}
+# What narrows the devices a process sees, per device type. On ROCm, Slurm sets the HIP/ROCR variables
+# beside CUDA_VISIBLE_DEVICES, and torch honours all three.
+VISIBILITY_VARIABLES = {
+    "cuda": ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES"),
+    "npu": ("ASCEND_RT_VISIBLE_DEVICES",),
+}
 SHARE_VARIABLE = "SLURMDIST_SHARE_DEVICES"
 TRUE_WORDS = ("1", "true", "yes", "on")
+# `--gpus-per-task=N` as each kind of process sees it: sbatch/salloc export SLURM_GPUS_PER_TASK ("2",
+# "a100:2"); srun does not, but slurmd hands every task the step's binding (SLURMD_TRES_BIND
+# "gpu:per_task:2", "gres/gpu:per_task:2"), and Slurm 23.11+ exports SLURM_TRES_PER_TASK ("cpu:4,gres/gpu:2").
+_BIND_PER_TASK = re.compile(r"\bper_task:(\d+)")
+_TRES_GPU = re.compile(r"gres[/:]gpu(?::[^:,]+)?:(\d+)(?:,|$)")
+
+
+def visibility(device_type: str, environ: Mapping[str, str]) -> str:
+    """The visibility variables that are set, with their values, for messages: "CUDA_VISIBLE_DEVICES='0,1'"."""
+    names = VISIBILITY_VARIABLES.get(device_type, ())
+    shown = [f"{name}={environ[name]!r}" for name in names if name in environ]
+    return ", ".join(shown) if shown else f"{names[0] if names else 'no visibility variable'} is not set"
+
+
+def gpus_per_task(environ: Mapping[str, str]) -> Optional[int]:
+    """N from `--gpus-per-task=N`, whichever variable carries it here; None when the job did not ask."""
+    per_task = environ.get("SLURM_GPUS_PER_TASK", "").rpartition(":")[2]  # "2" or "a100:2"
+    if per_task.isdigit():
+        return int(per_task)
+    bind = environ.get("SLURMD_TRES_BIND", "")
+    found = _BIND_PER_TASK.search(bind) if "gpu" in bind else None
+    found = found or _TRES_GPU.search(environ.get("SLURM_TRES_PER_TASK", ""))
+    return int(found.group(1)) if found else None
 
 
 class DevicePlan(NamedTuple):
@@ -35,18 +65,23 @@ class DevicePlan(NamedTuple):
 def narrowed_per_task(
     environ: Mapping[str, str], device_type: str, device_count: int, task_is_rank: bool
 ) -> bool:
-    """True when Slurm left this task only its own devices, so local rank must not pick among them.
+    """True when this task was left only its own devices, so local rank must not pick among them.
 
     Only an srun task that is itself a rank (`task_is_rank`) can be narrowed for itself: the ranks torchrun or
-    mpirun start inside one task share what it sees. Evidence: `--gpus-per-task=N` (`SLURM_GPUS_PER_TASK`,
-    which implies `--gpu-bind=per_task:N`) and exactly N visible, or a single visible GPU where the step owns
-    more on this node (`SLURM_STEP_GPUS`, `SLURM_GPUS_ON_NODE`). Several visible GPUs without
-    `--gpus-per-task` (e.g. `--gpu-bind=closest`) may be shared with other tasks: local rank picks among them.
+    mpirun start inside one task share what it sees. GPUs: `--gpus-per-task=N` (see `gpus_per_task`) and
+    exactly N visible, or a single visible GPU where the step owns more on this node (`SLURM_STEP_GPUS`,
+    `SLURM_GPUS_ON_NODE`). Several visible GPUs without `--gpus-per-task` (e.g. `--gpu-bind=closest`) may be
+    shared with other tasks: local rank picks among them. NPUs: Slurm sets no Ascend variable, so a single
+    NPU in `ASCEND_RT_VISIBLE_DEVICES` was chosen for this task on purpose (`=$SLURM_LOCALID`).
     """
-    if device_type != "cuda" or not task_is_rank:
+    if not task_is_rank:
         return False
-    per_task = environ.get("SLURM_GPUS_PER_TASK", "").rpartition(":")[2]  # "2" or "a100:2"
-    if per_task.isdigit() and int(per_task) == device_count:
+    if device_type == "npu":
+        chosen = [d for d in environ.get("ASCEND_RT_VISIBLE_DEVICES", "").split(",") if d.strip()]
+        return device_count == 1 and len(chosen) == 1
+    if device_type != "cuda":
+        return False
+    if gpus_per_task(environ) == device_count:
         return True
     if device_count != 1:
         return False
@@ -75,12 +110,11 @@ def device_ordinal(
     More tasks on a node than visible devices is an error unless sharing was asked for
     (`SLURMDIST_SHARE_DEVICES=1`), because silently stacking ranks on one GPU is a common, slow mistake.
     """
-    variable = VISIBILITY_VARIABLE.get(device_type, "")
-    shown = environ.get(variable)
     if device_count < 1:
+        ask = "--gres=npu:N" if device_type == "npu" else "srun --gpus-per-task=1"
         raise BackendError(
-            f"no {device_type} device is visible to local rank {local_rank} ({variable}={shown!r}); ask the "
-            "scheduler for devices (srun --gpus-per-task=1) or run on the CPU with backend='gloo'"
+            f"no {device_type} device is visible to local rank {local_rank} ({visibility(device_type, environ)}); "
+            f"ask the scheduler for devices ({ask}) or run on the CPU with backend='gloo'"
         )
     if narrowed_per_task(environ, device_type, device_count, task_is_rank):
         return 0
@@ -90,10 +124,16 @@ def device_ordinal(
         return local_rank % device_count
     raise BackendError(
         f"{local_world_size} tasks on this node but only {device_count} {device_type} device(s) visible "
-        f"({variable}={shown!r}): local rank {local_rank} has no device of its own. Start one task per device "
-        f"(srun --ntasks-per-node={device_count} --gpus-per-task=1), or set {SHARE_VARIABLE}=1 to let ranks "
-        "share devices"
+        f"({visibility(device_type, environ)}): local rank {local_rank} has no device of its own. Start one task "
+        f"per device ({_one_each(device_type, device_count)}), or set {SHARE_VARIABLE}=1 to let ranks share them"
     )
+
+
+def _one_each(device_type: str, count: int) -> str:
+    """How to give each task a device of its own, for a message."""
+    if device_type == "npu":
+        return f"srun --ntasks-per-node={count}, or ASCEND_RT_VISIBLE_DEVICES=$SLURM_LOCALID in each task"
+    return f"srun --ntasks-per-node={count} --gpus-per-task=1"
 
 
 def plan(
@@ -113,7 +153,7 @@ def plan(
         if not 0 <= index < device_count:
             raise BackendError(
                 f"{device_type}:{index} asked for, but this process sees {device_count} {device_type} device(s) "
-                f"({VISIBILITY_VARIABLE[device_type]}={environ.get(VISIBILITY_VARIABLE[device_type])!r})"
+                f"({visibility(device_type, environ)})"
             )
         return DevicePlan(device_type, index)
     ordinal = device_ordinal(device_type, local_rank, local_world_size, device_count, environ,

@@ -21,7 +21,7 @@ from datetime import timedelta
 from typing import Any, Iterator, List, Mapping, Optional
 
 from . import backends, devices, interfaces, rendezvous
-from .detection import detect
+from .detection import detect, is_own_srun_task
 from .distenv import DistEnv
 from .errors import SlurmdistError
 
@@ -86,10 +86,15 @@ def init(
 def _choose_device(env: DistEnv, backend: str, device: Any, environ: Mapping[str, str]) -> DistEnv:
     """Backend and device, decided and checked without touching the network."""
     device_type, index = backends.split_device(device)
-    choice = backends.choose(backend, backends.probe(backend), device_type)
+    caps = backends.probe(backend)
+    choice = backends.choose(backend, caps, device_type, environ)
+    unused = backends.unused_gpus(backend, choice, caps, environ)
+    if unused:
+        warnings.warn(unused, stacklevel=3)
+    backends.check_index(device, choice)
     count = devices.device_count(choice.device_type) if choice.device_type != "cpu" else 0
     plan = devices.plan(choice.device_type, env.local_rank, env.local_world_size, count, environ, index,
-                        task_is_rank=env.launcher == "slurm")
+                        task_is_rank=is_own_srun_task(env, environ))
     return env.replace(device=devices.bind(plan), device_ids=plan.device_ids, backend=choice.backend)
 
 

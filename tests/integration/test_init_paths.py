@@ -78,6 +78,16 @@ def test_ranks_that_retry_after_a_timeout_meet_a_rank_that_came_late():
     assert "attempt 0 failed, retrying" in results[0].stderr  # rank 0 did retry: the test tested something
 
 
+def test_this_cpu_torch_in_a_job_slurm_gave_gpus_warns_and_still_runs_gloo():
+    # What a user sees when the venv got a CPU wheel on a GPU node: a warning naming Slurm's GPUs and the
+    # build, then the job runs on the CPU as `auto` promises.
+    result = run([PYTHON, ALLREDUCE], {**clean_environ(), "SLURM_STEP_GPUS": "0,1", "CUDA_VISIBLE_DEVICES": "0,1"})
+    assert result.returncode == 0, result.stderr
+    check_allreduce(result.stdout, 1, launcher="single")
+    assert "Slurm gave this task GPUs (SLURM_STEP_GPUS='0,1'" in result.stderr, result.stderr
+    assert "CPU-only build" in result.stderr and "runs gloo on the CPU" in result.stderr
+
+
 def test_a_gloo_interface_the_user_chose_is_kept():
     procs = start_ranks(range(2), 2, free_port(), GLOO_SOCKET_IFNAME="lo,lo")  # two gloo devices, not our "lo"
     found = check_allreduce("".join(r.stdout for r in finish(procs)), 2)

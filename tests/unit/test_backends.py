@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from slurmdist.backends import BackendChoice, Capabilities, choose, parse_backend, probe, split_device
+from slurmdist.backends import (
+    BackendChoice, Capabilities, check_index, choose, parse_backend, probe, split_device, unused_gpus,
+)
 from slurmdist.errors import BackendError, SlurmdistError
 
 CPU = Capabilities(torch_version="2.13.0+cpu", gloo=True)
@@ -47,8 +49,10 @@ def test_missing_backend_says_what_to_install(backend, caps, advice):
 
 
 def test_nccl_built_but_no_gpu_visible():
-    with pytest.raises(BackendError, match="CUDA_VISIBLE_DEVICES"):
+    with pytest.raises(BackendError, match="CUDA_VISIBLE_DEVICES is not set"):
         choose("nccl", Capabilities(cuda_build=True, nccl=True))
+    with pytest.raises(BackendError, match="CUDA_VISIBLE_DEVICES='NoDevFiles'"):
+        choose("nccl", Capabilities(cuda_build=True, nccl=True), None, {"CUDA_VISIBLE_DEVICES": "NoDevFiles"})
 
 
 def test_this_cpu_build():
@@ -64,8 +68,53 @@ def test_split_device():
     assert split_device(None) == (None, None)
     assert split_device("cuda:1") == ("cuda", 1)
     assert split_device("cpu") == ("cpu", None)
-    with pytest.raises(BackendError):
-        split_device("tpu")
+    assert split_device(1) == (None, 1)  # as torch.cuda.set_device(1): the chosen accelerator's
+    for bad, message in (("tpu", "unknown device"), ("cuda:", "not a number"), (-1, "counts from 0")):
+        with pytest.raises(BackendError, match=message):
+            split_device(bad)
+
+
+def test_a_bare_index_on_the_cpu_names_nothing():
+    with pytest.raises(BackendError, match="device=0 is an accelerator index"):
+        check_index(0, choose("auto", CPU))
+    check_index(0, choose("auto", CUDA))
+    check_index("cpu:0", choose("auto", CPU))
+
+
+def test_backend_names_are_case_insensitive():
+    assert choose("HCCL", NPU) == BackendChoice("hccl", "npu")
+    assert choose(" Auto ", CUDA) == BackendChoice("nccl", "cuda")
+    # probe() imports torch_npu for any spelling of hccl: here it is missing, and says so.
+    assert probe("HCCL").npu_import_error == probe("hccl").npu_import_error == "torch_npu is not installed"
+
+
+@pytest.mark.parametrize("backend, caps, device, needs", [
+    ("nccl", CUDA, "cpu", "nccl' runs on cuda devices only"),
+    ("hccl", NPU, "cpu", "hccl' runs on npu devices only"),
+    ("nccl", CUDA._replace(torch_npu=True, npu_devices=2), "npu", "pass device='cuda'"),
+])
+def test_an_accelerator_backend_on_another_device_fails_before_any_network_wait(backend, caps, device, needs):
+    with pytest.raises(BackendError, match=needs):
+        choose(backend, caps, device)
+
+
+def test_gloo_runs_on_cuda_tensors_too():
+    assert choose("gloo", CUDA, "cuda") == BackendChoice("gloo", "cuda")
+
+
+def test_auto_on_the_cpu_despite_slurm_gpus_warns_naming_them():
+    environ = {"SLURM_STEP_GPUS": "0", "SLURM_GPUS_ON_NODE": "1", "CUDA_VISIBLE_DEVICES": "0"}
+    warning = unused_gpus("auto", choose("auto", CPU), CPU, environ)
+    assert warning is not None
+    for shown in ("SLURM_STEP_GPUS='0'", "SLURM_GPUS_ON_NODE='1'", "CUDA_VISIBLE_DEVICES='0'", "CPU-only build",
+                  CPU.torch_version):
+        assert shown in warning
+    broken_driver = CUDA._replace(cuda_devices=0)
+    assert "sees no device" in unused_gpus("auto", choose("auto", broken_driver), broken_driver, environ)
+    # Nothing to say: gloo asked for by name, no GPUs from Slurm, or torch sees the GPUs.
+    assert unused_gpus("gloo", choose("gloo", CPU), CPU, environ) is None
+    assert unused_gpus("auto", choose("auto", CPU), CPU, {"SLURM_GPUS_ON_NODE": "0", "SLURM_STEP_GPUS": ""}) is None
+    assert unused_gpus("auto", choose("auto", CUDA), CUDA, environ) is None
 
 
 def test_asking_for_a_missing_device_gives_advice_that_works():

@@ -4,15 +4,22 @@ from __future__ import annotations
 
 import pytest
 
-from slurmdist.detection import detect
-from slurmdist.devices import DevicePlan, device_ordinal, narrowed_per_task, plan
+from slurmdist.detection import detect, is_own_srun_task
+from slurmdist.devices import DevicePlan, device_ordinal, gpus_per_task, narrowed_per_task, plan
 from slurmdist.errors import BackendError
+from slurmdist.exporting import torchrun_variables
 
 
-def ordinal(environ, count, **kw):
+def ordinal(environ, count, device_type="cuda", **kw):
+    """The ordinal init() binds: the same detection and own-task test as slurmdist.process_group."""
     env = detect(environ)
-    return device_ordinal("cuda", env.local_rank, env.local_world_size, count, environ,
-                          task_is_rank=env.launcher == "slurm", **kw)
+    return device_ordinal(device_type, env.local_rank, env.local_world_size, count, environ,
+                          task_is_rank=is_own_srun_task(env, environ), **kw)
+
+
+def under_slurmdist_run(task):
+    """What `srun slurmdist run -- python train.py` hands the command in this srun task."""
+    return {**task, **torchrun_variables(detect(task)), "TORCHELASTIC_USE_AGENT_STORE": "True"}
 
 
 def test_gpus_per_node_picks_by_local_rank(case):
@@ -36,6 +43,46 @@ def test_step_gpus_longer_than_visible_means_narrowed(case):
 def test_captured_gpus_per_task_launch_gives_every_task_ordinal_zero(case):
     tasks = case("slurm/srun_N2_tpn2_gpus_per_task1")
     assert [ordinal({**t, "CUDA_VISIBLE_DEVICES": "0"}, 1) for t in tasks] == [0] * len(tasks)
+
+
+def test_slurmdist_run_under_gpus_per_task_binds_each_tasks_own_gpu(case):
+    # srun --gpus-per-task=1 slurmdist run -- python train.py: the command reads torchrun's variables, but
+    # each process is still its own srun task with its own GPU.
+    for task in case("slurm/srun_N2_tpn2_gpus_per_task1"):
+        child = under_slurmdist_run(task)
+        assert detect(child).launcher == "torchrun" and is_own_srun_task(detect(child), child)
+        assert ordinal(child, 1) == 0
+
+
+def test_a_job_script_exporting_ranks_that_disagree_with_the_step_is_not_its_own_task(case):
+    task = case("slurm/srun_N2_tpn2_gpus_per_task1")[1]
+    child = {**under_slurmdist_run(task), "LOCAL_RANK": "0", "RANK": "0"}
+    assert not is_own_srun_task(detect(child), child)
+
+
+@pytest.mark.parametrize("variables, expected", [
+    ({"SLURM_GPUS_PER_TASK": "2"}, 2),
+    ({"SLURM_GPUS_PER_TASK": "a100:2"}, 2),
+    ({"SLURMD_TRES_BIND": "gpu:per_task:2"}, 2),          # srun's tasks, Slurm 22.05 (captured below)
+    ({"SLURMD_TRES_BIND": "gres/gpu:verbose,per_task:3"}, 3),
+    ({"SLURM_TRES_PER_TASK": "cpu:4,gres/gpu:2"}, 2),     # Slurm 23.11+
+    ({"SLURM_TRES_PER_TASK": "gres/gpu:a100:1"}, 1),
+    ({"SLURMD_TRES_BIND": "gpu:closest"}, None),
+    ({"SLURM_TRES_PER_TASK": "cpu:4"}, None),
+    ({}, None),
+])
+def test_gpus_per_task_from_whichever_variable_carries_it(variables, expected):
+    assert gpus_per_task(variables) == expected
+
+
+def test_captured_gpus_per_task_two_gives_each_task_ordinal_zero(case):
+    # srun -N2 --ntasks-per-node=2 --gpus-per-task=2 on nodes with 4 GPUs: srun's tasks carry no
+    # SLURM_GPUS_PER_TASK, only SLURMD_TRES_BIND; each sees its own two GPUs.
+    tasks = case("slurm/srun_N2_tpn2_gpus_per_task2")
+    assert all("SLURM_GPUS_PER_TASK" not in t for t in tasks)
+    assert [gpus_per_task(t) for t in tasks] == [2] * len(tasks)
+    assert [ordinal(t, len(t["CUDA_VISIBLE_DEVICES"].split(","))) for t in tasks] == [0] * len(tasks)
+    assert [ordinal(under_slurmdist_run(t), 2) for t in tasks] == [0] * len(tasks)
 
 
 def test_gpus_per_task_n_owned_by_the_task_is_ordinal_zero(case):
@@ -105,9 +152,28 @@ def test_openmpi_local_rank_order_is_respected(case):
 
 def test_npu_uses_ascend_variable():
     environ = {"ASCEND_RT_VISIBLE_DEVICES": "4"}
-    with pytest.raises(BackendError, match="ASCEND_RT_VISIBLE_DEVICES='4'"):
-        device_ordinal("npu", 1, 2, 1, environ)
+    with pytest.raises(BackendError, match="ASCEND_RT_VISIBLE_DEVICES='4'.*ASCEND_RT_VISIBLE_DEVICES=.SLURM_LOCALID"):
+        device_ordinal("npu", 1, 2, 1, environ)  # not an srun task of its own: the ranks share one NPU
     assert device_ordinal("npu", 1, 2, 2, environ) == 1
+
+
+def test_npu_narrowed_per_task_is_ordinal_zero(case):
+    # The usual recipe, `export ASCEND_RT_VISIBLE_DEVICES=$SLURM_LOCALID` in each srun task of an 8-NPU node.
+    for task in case("slurm/srun_N2_tpn2"):
+        narrowed = {**task, "ASCEND_RT_VISIBLE_DEVICES": task["SLURM_LOCALID"]}
+        assert ordinal(narrowed, 1, device_type="npu") == 0
+        assert ordinal(under_slurmdist_run(narrowed), 1, device_type="npu") == 0
+    # Two NPUs left to a task of two local ranks: local rank picks among them, as before.
+    assert ordinal({**case("slurm/srun_N2_tpn2")[1], "ASCEND_RT_VISIBLE_DEVICES": "2,3"}, 2, device_type="npu") == 1
+
+
+def test_rocm_messages_show_the_variables_slurm_set(case):
+    # On ROCm nodes Slurm sets ROCR_VISIBLE_DEVICES (and CUDA_VISIBLE_DEVICES); the message shows each.
+    task = {**case("slurm/srun_N2_tpn2")[1], "ROCR_VISIBLE_DEVICES": "0", "HIP_VISIBLE_DEVICES": "0"}
+    with pytest.raises(BackendError, match="HIP_VISIBLE_DEVICES='0', ROCR_VISIBLE_DEVICES='0'"):
+        ordinal(task, 1)
+    with pytest.raises(BackendError, match="CUDA_VISIBLE_DEVICES is not set"):
+        ordinal(case("slurm/srun_N2_tpn2")[1], 0)
 
 
 def test_plan():
