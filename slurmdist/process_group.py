@@ -89,7 +89,7 @@ def _choose_device(env: DistEnv, backend: str, device: Any, environ: Mapping[str
     caps = backends.probe(backend)
     choice = backends.choose(backend, caps, device_type, environ)
     unused = backends.unused_gpus(backend, choice, caps, environ)
-    if unused:
+    if unused and env.local_rank == 0:  # once per node: the node's ranks share the cause
         warnings.warn(unused, stacklevel=3)
     backends.check_index(device, choice)
     count = devices.device_count(choice.device_type) if choice.device_type != "cpu" else 0
