@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import importlib
+import os
 from pathlib import Path
+from types import ModuleType
 from typing import Dict, List
 
 import pytest
@@ -10,6 +13,26 @@ import pytest
 from tests.reliability import reliability_record  # noqa: F401  (a fixture, for every test that records a case)
 
 FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() == "true"
+
+
+def missing_prerequisite(message: str) -> None:
+    """Skip, or fail under CI=true: a CI run must never pass by skipping what it was meant to test."""
+    if in_ci():
+        pytest.fail(f"prerequisite missing in CI: {message}", pytrace=False)
+    pytest.skip(message, allow_module_level=True)
+
+
+def require_module(name: str, install: str) -> ModuleType:
+    """`importorskip` that fails under CI=true; `install` says how to get the module."""
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        missing_prerequisite(f"{name} is not importable ({exc}): {install}")
+        raise  # not reached: missing_prerequisite raises
 
 
 def load_env(path: Path) -> Dict[str, str]:

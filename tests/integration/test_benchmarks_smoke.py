@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import require_module
+
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
@@ -64,7 +66,7 @@ def test_goals_and_machine(page: str) -> None:
 
 
 def test_plots_linked_and_written(page: str, out: Path) -> None:
-    pytest.importorskip("matplotlib")
+    require_module("matplotlib", "pip install -e '.[bench]' (make venv installs it)")
     for name in ("hostlist-cases", "hostlist-linearity"):
         assert f"](img/{name}.png)" in page
         assert (out / "img" / f"{name}.png").stat().st_size > 1000

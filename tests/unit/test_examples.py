@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
-torch = pytest.importorskip("torch")
+from tests.conftest import require_module
+
+torch = require_module("torch", "install torch (make venv does)")
 
 TRAIN = Path(__file__).resolve().parents[2] / "examples" / "train.py"
 LAUNCHER_PREFIXES = ("SLURM_", "OMPI_", "PMI_", "PMIX_", "TORCHELASTIC_", "SUBMITIT_", "MV2_", "PALS_", "FLUX_")

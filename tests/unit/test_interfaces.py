@@ -12,6 +12,7 @@ import pytest
 
 from slurmdist import interfaces
 from slurmdist.errors import BackendError
+from tests.conftest import missing_prerequisite
 
 V4 = socket.inet_pton(socket.AF_INET, "10.1.0.7")
 V6 = socket.inet_pton(socket.AF_INET6, "fd00::7")
@@ -96,9 +97,7 @@ def _ip_addr() -> list:
     """`ip -j addr` (iproute2): the reference this module's ioctl and /proc reading must agree with."""
     ip = shutil.which("ip") or next((p for p in ("/usr/sbin/ip", "/sbin/ip") if os.path.exists(p)), None)
     if ip is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("iproute2's `ip` is missing: scripts/install-system-deps installs it")
-        pytest.skip("iproute2's `ip` is not installed")
+        missing_prerequisite("iproute2's `ip` is not installed: scripts/install-system-deps installs it")
     return json.loads(subprocess.run([ip, "-j", "addr"], capture_output=True, text=True, check=True,
                                      timeout=10).stdout)
 

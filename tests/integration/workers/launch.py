@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-import pytest
+from tests.conftest import missing_prerequisite
 
 WORKERS = Path(__file__).resolve().parent
 ALLREDUCE = WORKERS / "allreduce.py"
@@ -27,10 +27,7 @@ def tool(name: str) -> str:
     beside = Path(PYTHON).parent / name
     found = str(beside) if beside.exists() else shutil.which(name)
     if found is None:
-        message = f"{name} not found next to {PYTHON} or on PATH (pip install -e '.[dev]')"
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(f"prerequisite missing in CI: {message}", pytrace=False)
-        pytest.skip(message)
+        missing_prerequisite(f"{name} not found next to {PYTHON} or on PATH (pip install -e '.[dev]')")
     return found
 
 
