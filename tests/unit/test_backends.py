@@ -24,6 +24,15 @@ def test_auto(caps, expected):
 
 def test_auto_with_device_override():
     assert choose("auto", CUDA, "cpu") == BackendChoice("gloo", "cpu")
+    assert choose("auto", NPU, "cpu") == BackendChoice("gloo", "cpu")
+
+
+def test_auto_on_a_cuda_build_without_nccl_runs_gloo():
+    # Some source builds (USE_NCCL=0) and Windows wheels: CUDA works, nccl is absent.
+    no_nccl = CUDA._replace(nccl=False)
+    assert choose("auto", no_nccl) == BackendChoice("gloo", "cpu")
+    with pytest.raises(BackendError, match="'nccl' is not built into"):
+        choose("nccl", no_nccl)
 
 
 def test_explicit_and_mixed_forms():

@@ -41,6 +41,19 @@ def test_every_task_of_a_step_derives_the_same_port_below_the_ephemeral_range(ca
     assert PORT_MIN <= ports.pop() <= PORT_MAX
 
 
+def test_steps_of_a_job_take_consecutive_ports_and_jobs_stand_97_apart():
+    # The design that keeps two jobs on one node (or two steps of one allocation) apart: a job's steps count
+    # up from its first port, and the next job id starts 97 ports further on.
+    base = load_case("slurm/srun_N2_tpn2")[0]
+
+    def port(job: str, step: str) -> int:
+        return detect({**base, "SLURM_JOB_ID": job, "SLURM_STEP_ID": step}).master_port
+
+    first = port("1000", "0")
+    assert [port("1000", str(step)) - first for step in range(5)] == list(range(5))
+    assert port("1001", "0") - first == 97
+
+
 def test_two_steps_of_one_job_and_two_jobs_get_different_ports():
     base = load_case("slurm/srun_N2_tpn2")[0]
     ports = set()
@@ -164,6 +177,33 @@ def test_submitit_local_executor_wins_over_an_outer_allocation():
     assert env.job_id == "4242" and PORT_MIN <= env.master_port <= PORT_MAX
 
 
+def test_torchrun_inside_a_submitit_local_task_describes_its_own_workers():
+    # A LocalExecutor task (1 of 2) that runs `torchrun --nproc-per-node=4`: each worker is rank 0-3 of
+    # torchrun's 4, not the task it runs in. Read as the task, every worker would claim rank 1 of 2.
+    local = {"SUBMITIT_EXECUTOR": "local", "SUBMITIT_LOCAL_NTASKS": "2", "SUBMITIT_LOCAL_GLOBALID": "1",
+             "SUBMITIT_LOCAL_LOCALID": "1", "SUBMITIT_LOCAL_JOB_ID": "4242"}
+    for worker in load_case("torchrun/standalone_np4"):
+        env = detect({**local, **worker})
+        assert (env.launcher, env.rank, env.world_size) == ("torchrun", int(worker["RANK"]), 4)
+
+
+@pytest.mark.parametrize("step", ["interactive", "4294967290", "extern", "4294967292", "pending", ""])
+def test_a_shell_in_a_non_task_step_is_not_an_srun_task(step, caplog):
+    # salloc with LaunchParameters=use_interactive_step runs its shell in the "interactive" step: a python
+    # started there is one process outside srun, as in a plain salloc shell, and hears the same warning.
+    shell = load_case("slurm/salloc_N2_n4_shell")[0]
+    with caplog.at_level(logging.WARNING, logger="slurmdist"):
+        env = detect({**shell, "SLURM_STEP_ID": step})
+    assert (env.launcher, env.world_size) == ("single", 1)
+    assert "srun" in caplog.text
+
+
+def test_the_highest_tcp_port_is_a_valid_master_port():
+    assert detect({**STEP, "MASTER_PORT": "65535"}).master_port == 65535
+    with pytest.raises(LaunchError, match="MASTER_PORT='65536'"):
+        detect({**STEP, "MASTER_PORT": "65536"})
+
+
 HAND_WRITTEN = {
     "pals": ({"PALS_RANKID": "5", "PALS_LOCAL_RANKID": "1", "PALS_LOCAL_SIZE": "4", "PMI_SIZE": "8",
               "PMI_RANK": "5", "PALS_NODEID": "1", "PALS_APID": "abc"}, (5, 1, 8, 4, 1, None)),
@@ -255,6 +295,7 @@ CONTRADICTIONS = [
     ({"SLURM_STEP_NODELIST": "node[2-1]"}, "SLURM_STEP_NODELIST"),
     ({"SLURM_STEP_NODELIST": "node[1-3]"}, "SLURM_STEP_NODELIST"),
     ({"MASTER_PORT": "70000"}, "MASTER_PORT"),
+    ({"MASTER_PORT": "0"}, "MASTER_PORT"),
     ({"MASTER_ADDR": " "}, "MASTER_ADDR"),
 ]
 
@@ -291,6 +332,24 @@ def test_contradicting_torchrun_variables_are_named(contradiction, variable):
     with pytest.raises(LaunchError, match=f"torchrun: {variable}={contradiction[variable]} but ") as raised:
         detect(environ)
     assert (raised.value.variable, raised.value.value) == (variable, contradiction[variable])
+
+
+@pytest.mark.parametrize("environ, variable", [
+    ({**HAND_WRITTEN["flux"][0], "FLUX_TASK_LOCAL_ID": "4"}, "FLUX_TASK_LOCAL_ID"),  # 4 tasks per node: 0..3
+    ({"SUBMITIT_EXECUTOR": "local", "SUBMITIT_LOCAL_NTASKS": "2", "SUBMITIT_LOCAL_GLOBALID": "1",
+      "SUBMITIT_LOCAL_LOCALID": "2", "SUBMITIT_LOCAL_JOB_ID": "7"}, "SUBMITIT_LOCAL_LOCALID"),
+])
+def test_a_local_id_beyond_the_node_names_the_launchers_variable(environ, variable):
+    with pytest.raises(LaunchError, match=f"{variable}="):
+        detect(environ)
+
+
+@pytest.mark.parametrize("distribution", ["arbitrary", "Arbitrary", "ARBITRARY,pack", "arbitrary:block"])
+def test_srun_arbitrary_is_recognised_however_it_is_written(distribution):
+    # srun -m arbitrary: the master must come from SLURM_HOSTFILE, never from the nodelist's first node.
+    task = load_case("slurm/srun_arbitrary_N2_n4")[1]
+    assert detect({**task, "SLURM_DISTRIBUTION": distribution}).master_addr is None
+    assert detect({**task, "SLURM_DISTRIBUTION": "block"}).master_addr == "node1"
 
 
 def test_torchrun_without_local_world_size_asks_for_it():

@@ -126,6 +126,15 @@ def test_tasks_sharing_several_gpus_pick_by_local_rank_not_all_zero(case):
     assert [ordinal({**t, **shared}, 2) for t in (first, second)] == [0, 1]
 
 
+def test_one_gpu_on_the_node_is_not_a_task_of_its_own(case):
+    # Two tasks, one GPU in the whole step on this node: both would land on it. That is the mistake the
+    # error is for, not a per-task narrowing.
+    task = {**case("slurm/srun_N2_tpn2")[1], "CUDA_VISIBLE_DEVICES": "0", "SLURM_GPUS_ON_NODE": "1",
+            "SLURM_STEP_GPUS": "0"}
+    with pytest.raises(BackendError, match="2 tasks on this node but only 1 cuda device"):
+        ordinal(task, 1)
+
+
 def test_more_tasks_than_devices_is_an_error_naming_the_variable(case):
     task = {**case("slurm/srun_N2_tpn2")[1], "CUDA_VISIBLE_DEVICES": "0"}
     with pytest.raises(BackendError, match="CUDA_VISIBLE_DEVICES='0'.*SLURMDIST_SHARE_DEVICES"):

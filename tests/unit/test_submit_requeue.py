@@ -136,7 +136,10 @@ def test_requeue_outside_slurm_says_why(preemption):
 
 
 def test_requeue_on_other_ranks_returns_at_once():
-    Preemption(signal.SIGUSR2, limit=1, rank=3).requeue(environ={"SLURM_JOB_ID": "1"})
+    # Outside Slurm rank 0 refuses (it would requeue the job and end otherwise); the other ranks never look.
+    assert Preemption(signal.SIGUSR2, limit=1, rank=3).requeue(environ={}) is None
+    with pytest.raises(RequeueError, match="not a Slurm job"):
+        Preemption(signal.SIGUSR2, limit=1, rank=0).requeue(environ={})
 
 
 class Counting(Resumable):
