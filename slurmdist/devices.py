@@ -26,7 +26,7 @@ TRUE_WORDS = ("1", "true", "yes", "on")
 # "a100:2"); srun does not, but slurmd hands every task the step's binding (SLURMD_TRES_BIND
 # "gpu:per_task:2", "gres/gpu:per_task:2"), and Slurm 23.11+ exports SLURM_TRES_PER_TASK ("cpu:4,gres/gpu:2").
 _BIND_PER_TASK = re.compile(r"\bper_task:(\d+)")
-_TRES_GPU = re.compile(r"gres[/:]gpu(?::[^:,]+)?:(\d+)(?:,|$)")
+_TRES_GPU = re.compile(r"gres[/:]gpu(?::[^:,=]+)?[:=](\d+)(?:,|$)")
 
 
 def visibility(device_type: str, environ: Mapping[str, str]) -> str:

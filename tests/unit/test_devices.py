@@ -67,6 +67,7 @@ def test_a_job_script_exporting_ranks_that_disagree_with_the_step_is_not_its_own
     ({"SLURMD_TRES_BIND": "gres/gpu:verbose,per_task:3"}, 3),
     ({"SLURM_TRES_PER_TASK": "cpu:4,gres/gpu:2"}, 2),     # Slurm 23.11+
     ({"SLURM_TRES_PER_TASK": "gres/gpu:a100:1"}, 1),
+    ({"SLURM_TRES_PER_TASK": "cpu=4,gres/gpu=2"}, 2),
     ({"SLURMD_TRES_BIND": "gpu:closest"}, None),
     ({"SLURM_TRES_PER_TASK": "cpu:4"}, None),
     ({}, None),
