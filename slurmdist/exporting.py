@@ -31,12 +31,17 @@ def torchrun_variables(env: DistEnv) -> Dict[str, str]:
 
 
 def export_env(env: DistEnv, environ: Optional[MutableMapping[str, str]] = None) -> Dict[str, str]:
-    """Set torchrun's variables in `environ` (default `os.environ`); returns what was set.
+    """Set torchrun's variables in `environ` (default `os.environ`); returns what was set. A single process
+    gets a free port, as `init_process_group()` over env:// needs one even then.
 
     Besides this call, made only when asked, slurmdist writes one variable: `init()` sets gloo's
     GLOO_SOCKET_IFNAME when it is unset (see slurmdist.interfaces).
     """
     target = os.environ if environ is None else environ
+    if env.world_size == 1 and env.master_port is None:  # env:// wants a port even for one process
+        from .rendezvous import free_port
+
+        env = env.replace(master_port=free_port())
     variables = torchrun_variables(env)
     target.update(variables)
     return variables

@@ -7,9 +7,11 @@ environment: a log line is not worth crashing a job for.
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
-from typing import Any, Mapping, MutableMapping, Optional, Tuple
+import sys
+from typing import Any, Mapping, MutableMapping, Optional, Tuple, Union
 
 from . import process_group
 from .errors import SlurmdistError
@@ -52,7 +54,11 @@ class RankFilter(logging.Filter):
 
     Adds `record.rank`, `record.world_size` and `record.rank_prefix` for format strings. Attach it to a
     handler (`handler.addFilter(RankFilter())`); set `prefix_message=False` when the format uses
-    `%(rank_prefix)s` itself.
+    `%(rank_prefix)s` itself. `rank` / `world_size` override what the launch says, each on its own.
+
+    The prefix reaches only the handlers this filter is on from Python 3.12, where a filter may hand its
+    handler a copy of the record. Before 3.12 the record itself is changed, so handlers that come after
+    this one see the prefix too; there, prefer `%(rank_prefix)s` in the formats.
     """
 
     def __init__(
@@ -68,18 +74,25 @@ class RankFilter(logging.Filter):
         self.main_only = main_only
         self.others_level = others_level
         self.prefix_message = prefix_message
-        self._fixed = (rank, world_size) if rank is not None and world_size is not None else None
+        self._rank, self._world_size = rank, world_size
 
-    def filter(self, record: logging.LogRecord) -> bool:
-        rank, world_size = self._fixed or rank_and_size()
+    def filter(self, record: logging.LogRecord) -> Union[bool, logging.LogRecord]:
+        rank, world_size = self._rank, self._world_size
+        if rank is None or world_size is None:
+            detected_rank, detected_size = rank_and_size()
+            rank = detected_rank if rank is None else rank
+            world_size = detected_size if world_size is None else world_size
         if self.main_only and rank != 0 and record.levelno < self.others_level:
             return False
         record.rank, record.world_size = rank, world_size
         record.rank_prefix = prefix(rank, world_size)
-        if self.prefix_message and not getattr(record, "_slurmdist_prefixed", False):
-            record.msg = f"{record.rank_prefix} {record.msg}"
-            record._slurmdist_prefixed = True
-        return True
+        if not self.prefix_message or getattr(record, "_slurmdist_prefixed", False):
+            return True
+        if sys.version_info >= (3, 12):  # this handler's own copy: other handlers keep the message as logged
+            record = copy.copy(record)
+        record.msg = f"{record.rank_prefix} {record.msg}"
+        record._slurmdist_prefixed = True
+        return record if sys.version_info >= (3, 12) else True
 
 
 class RankAdapter(logging.LoggerAdapter):

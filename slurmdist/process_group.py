@@ -30,8 +30,12 @@ log = logging.getLogger("slurmdist")
 COLLECTIVE_TIMEOUT_VARIABLE = "SLURMDIST_COLLECTIVE_TIMEOUT"
 DEFAULT_COLLECTIVE_TIMEOUT = 1800.0  # torch's own default for gloo; a stuck collective still ends
 
-_lock = threading.Lock()
-_state: dict = {"env": None, "store": None, "generation": 0, "atexit": False, "owned": False, "interface": None}
+# Re-entrant: a signal handler that calls shutdown() runs in the main thread on top of an init() holding it.
+_lock = threading.RLock()
+# `group`: the default process group init() formed or adopted, to tell it from one formed after the user
+# destroyed it (`dist.destroy_process_group()`, the usual last line of a torch script).
+_state: dict = {"env": None, "store": None, "generation": 0, "atexit": False, "owned": False, "interface": None,
+                "group": None}
 
 
 def init(
@@ -47,7 +51,7 @@ def init(
     default `SLURMDIST_INIT_TIMEOUT` or 300) bounds the whole rendezvous. A second call returns the same env.
     """
     with _lock:
-        if _state["env"] is not None:
+        if _live_env() is not None:
             warnings.warn("slurmdist.init() was already called; returning the existing environment", stacklevel=2)
             return _state["env"]
         environ = os.environ if environ is None else environ
@@ -68,6 +72,7 @@ def init(
         # number: the store counts failed attempts, so a rank that missed the failed one still meets the retry.
         _state["generation"] += 1
         _state["env"] = env
+        _state["group"] = _default_group()
         if not _state["atexit"]:
             atexit.register(_shutdown_at_exit)
             _state["atexit"] = True
@@ -117,7 +122,8 @@ def _start_group(env: DistEnv, deadline: rendezvous.Deadline, environ: Mapping[s
     if env.backend == "mpi":  # the MPI runtime did the rendezvous when the launcher started us
         dist.init_process_group("mpi", timeout=collective)
         return env
-    if env.world_size == 1:  # no network at all: an in-memory store
+    if env.world_size == 1:  # no network at all: an in-memory store, and gloo told to bind loopback
+        _choose_loopback(env, environ)
         _init_group(env, dist.HashStore(), "slurmdist/single", collective)
         return env
     meeting = rendezvous.connect(env, deadline, environ, _state["generation"])
@@ -154,6 +160,17 @@ def _choose_gloo_interface(meeting: rendezvous.Rendezvous, environ: Mapping[str,
         return
     os.environ[interfaces.GLOO_INTERFACE_VARIABLE] = name
     _state["interface"] = name  # shutdown() takes it back, so a later init() chooses afresh
+
+
+def _choose_loopback(env: DistEnv, environ: Mapping[str, str]) -> None:
+    """A single process: gloo would look up this host's name to pick an address (a DNS query, and a 5 s stall
+    where DNS is broken) for a group that never talks to anyone."""
+    if "gloo" not in str(env.backend) or interfaces.user_choice(environ, os.environ) is not None:
+        return
+    name = interfaces.gloo_interface(None, single_node=True)
+    if name is not None:
+        os.environ[interfaces.GLOO_INTERFACE_VARIABLE] = name
+        _state["interface"] = name
 
 
 def _init_group(
@@ -193,17 +210,36 @@ def _collective_timeout(environ: Mapping[str, str]) -> float:
 
 
 def shutdown() -> None:
-    """Destroy the process group formed by `init()` (safe to call twice, or without `init()`)."""
+    """Destroy the process group formed by `init()` (safe to call twice, or without `init()`). A group the
+    user formed after destroying ours is theirs: left alone."""
     with _lock:
         env, _state["env"] = _state["env"], None
         if env is None:
             return
         import torch.distributed as dist
 
-        if dist.is_initialized() and _state["owned"]:
+        if _state["owned"] and dist.is_initialized() and _default_group() is _state["group"]:
             dist.destroy_process_group()
-        _state["store"] = None
+        _state["store"] = _state["group"] = None
         _forget_interface()
+
+
+def _default_group() -> Any:
+    import torch.distributed as dist
+
+    return dist.group.WORLD if dist.is_initialized() else None
+
+
+def _live_env() -> Optional[DistEnv]:
+    """The env of the group `init()` formed, while that group lives. When the user destroyed it
+    (`dist.destroy_process_group()`), slurmdist forgets it too, so `init()` forms a new one."""
+    with _lock:
+        if _state["env"] is None or _default_group() is _state["group"]:
+            return _state["env"]
+        log.debug("the process group init() formed was destroyed outside slurmdist; forgetting it")
+        _state["env"] = _state["store"] = _state["group"] = None
+        _forget_interface()
+        return None
 
 
 def _forget_interface() -> None:
@@ -239,7 +275,13 @@ def _shutdown_at_exit() -> None:
 
 @contextlib.contextmanager
 def initialized(backend: str = "auto", **kwargs: Any) -> Iterator[DistEnv]:
-    """`with slurmdist.initialized() as env:` -- `init()` on entry, `shutdown()` on exit."""
+    """`with slurmdist.initialized() as env:` -- `init()` on entry, `shutdown()` on exit. Inside a group that
+    already exists (a helper's `with` in a script that called `init()`), it reuses that group and leaves it
+    standing on exit."""
+    outer = _live_env()
+    if outer is not None:
+        yield outer
+        return
     env = init(backend, **kwargs)
     try:
         yield env
@@ -248,20 +290,20 @@ def initialized(backend: str = "auto", **kwargs: Any) -> Iterator[DistEnv]:
 
 
 def is_initialized() -> bool:
-    return _state["env"] is not None
+    return _live_env() is not None
 
 
 def get_env() -> DistEnv:
     """The environment `init()` returned; a `SlurmdistError` before `init()`."""
-    env = _state["env"]
+    env = _live_env()
     if env is None:
-        raise SlurmdistError("slurmdist.init() has not been called in this process")
+        raise SlurmdistError("slurmdist.init() has not been called in this process (or its group was destroyed)")
     return env
 
 
 def is_main() -> bool:
     """True on global rank 0. Before `init()`, asks the launcher's variables (no torch import)."""
-    env = _state["env"]
+    env = _live_env()
     if env is not None:
         return env.is_main
     return detect().is_main

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 
 import pytest
 
@@ -73,6 +74,31 @@ def test_filter_prefixes_once_with_two_handlers():
         logger.removeHandler(handler)
     assert [r.getMessage() for r in records] == ["[rank 1/2] x", "[rank 1/2] x"]
     assert records[0].rank_prefix == "[rank 1/2]"
+
+
+def test_a_fixed_rank_alone_overrides_only_the_rank(as_rank):
+    as_rank(0, 4)
+    assert capture(RankFilter(rank=3), lambda log: log.warning("x")) == ["[rank 3/4] x"]
+    assert capture(RankFilter(world_size=16), lambda log: log.warning("x")) == ["[rank 0/16] x"]
+    assert capture(RankFilter(rank=3, main_only=True), lambda log: log.info("x")) == []  # judged as rank 3
+
+
+def test_the_prefix_stays_on_the_filtered_handler_where_python_allows_it():
+    seen = {"filtered": [], "plain": []}
+    logger = logging.getLogger("test_logs.leak")
+    handlers = {name: logging.Handler() for name in seen}
+    for name, handler in handlers.items():
+        handler.emit = lambda record, name=name: seen[name].append(record.getMessage())
+        logger.addHandler(handler)
+    handlers["filtered"].addFilter(RankFilter(rank=1, world_size=2))
+    try:
+        logger.warning("x")
+    finally:
+        for handler in handlers.values():
+            logger.removeHandler(handler)
+    assert seen["filtered"] == ["[rank 1/2] x"]
+    # Python 3.12+ hands the filtered handler a copy; before, the record itself carries the prefix on.
+    assert seen["plain"] == (["x"] if sys.version_info >= (3, 12) else ["[rank 1/2] x"])
 
 
 def test_rank_logger(as_rank, caplog):

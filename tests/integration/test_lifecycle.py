@@ -1,0 +1,96 @@
+"""init()/shutdown()/initialized() over a real single-process gloo group in this process, and a signal
+handler that calls shutdown() while init() waits for ranks that never come."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+import warnings
+
+import pytest
+
+import slurmdist
+from slurmdist import interfaces
+from tests.conftest import require_module
+from tests.integration.workers.launch import PYTHON, clean_environ, free_port, rank_environ
+
+pytestmark = pytest.mark.integration
+
+torch = require_module("torch", "install torch (make venv does)")
+dist = torch.distributed
+
+
+@pytest.fixture
+def single():
+    """A clean single-process launch; whatever a test leaves initialised is torn down after it."""
+    yield clean_environ()
+    slurmdist.shutdown()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def works() -> bool:
+    tensor = torch.ones(1)
+    dist.all_reduce(tensor)
+    return tensor.item() == 1
+
+
+def test_a_nested_initialized_leaves_the_outer_group_standing(single):
+    env = slurmdist.init(environ=single)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # reusing the group is the point: no "already called" warning
+        with slurmdist.initialized(environ=single) as inner:
+            assert inner is env
+    assert slurmdist.is_initialized() and dist.is_initialized() and works()
+
+
+def test_init_after_the_user_destroyed_the_group_forms_a_new_one(single):
+    slurmdist.init(environ=single)
+    dist.destroy_process_group()  # the usual last line of a torch script
+    assert not slurmdist.is_initialized()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        slurmdist.init(environ=single)
+    assert works()
+
+
+def test_shutdown_leaves_a_group_the_user_formed_after_destroying_ours(single):
+    slurmdist.init(environ=single)
+    dist.destroy_process_group()
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    slurmdist.shutdown()
+    assert dist.is_initialized() and works()
+
+
+def test_a_single_process_binds_loopback_and_gives_the_choice_back(single):
+    os.environ.pop(interfaces.GLOO_INTERFACE_VARIABLE, None)
+    slurmdist.init(environ=single)
+    assert os.environ[interfaces.GLOO_INTERFACE_VARIABLE] == interfaces.gloo_interface(None, single_node=True)
+    slurmdist.shutdown()
+    assert interfaces.GLOO_INTERFACE_VARIABLE not in os.environ
+
+
+SHUTDOWN_ON_SIGTERM = """
+import signal, sys, slurmdist, torch.distributed
+def stop(signum, frame):
+    slurmdist.shutdown()
+    print("shutdown returned", flush=True)
+    sys.exit(143)
+signal.signal(signal.SIGTERM, stop)
+print("waiting", flush=True)
+slurmdist.init(timeout=8)
+"""
+
+
+def test_shutdown_from_a_signal_handler_during_init_does_not_deadlock():
+    # Rank 0 of 2 alone waits in init(); scancel's SIGTERM runs the handler on top of it, in the same thread,
+    # as soon as init() is back in Python (at the latest when its wait for rank 1 times out after 8 s).
+    proc = subprocess.Popen([PYTHON, "-c", SHUTDOWN_ON_SIGTERM], env=rank_environ(0, 2, free_port()),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline() == "waiting\n"
+    time.sleep(2)  # torch is imported: inside init(), waiting for rank 1
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)  # a deadlock never ends: the handler waits for init()'s lock
+    assert proc.returncode == 143 and "shutdown returned" in out, err

@@ -1,0 +1,37 @@
+"""export_env(): torchrun's variables for libraries that read them, from captured launches."""
+
+from __future__ import annotations
+
+import os
+
+from slurmdist import detect, export_env
+from tests.conftest import load_case
+
+
+def test_an_srun_task_exports_slurms_placement_under_torchruns_names(case):
+    task = {**case("slurm/srun_N2_tpn2")[3], "MASTER_ADDR": "10.0.0.7"}
+    target = {"KEEP": "me"}
+    before = dict(os.environ)
+    written = export_env(detect(task), target)
+    assert os.environ == before  # only the mapping it was given
+    assert target == {"KEEP": "me", **written}
+    assert {name: written[name] for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                                             "GROUP_WORLD_SIZE", "MASTER_ADDR")} == {
+        "RANK": task["SLURM_PROCID"], "LOCAL_RANK": task["SLURM_LOCALID"], "WORLD_SIZE": task["SLURM_STEP_NUM_TASKS"],
+        "LOCAL_WORLD_SIZE": task["SLURM_NTASKS_PER_NODE"], "GROUP_RANK": task["SLURM_NODEID"],
+        "GROUP_WORLD_SIZE": task["SLURM_STEP_NUM_NODES"], "MASTER_ADDR": "10.0.0.7"}
+    assert 0 < int(written["MASTER_PORT"]) < 65536
+
+
+def test_a_single_process_gets_a_port_for_env_init():
+    written = export_env(detect({}), {})
+    assert (written["WORLD_SIZE"], written["RANK"], written["MASTER_ADDR"]) == ("1", "0", "127.0.0.1")
+    assert 0 < int(written["MASTER_PORT"]) < 65536
+
+
+def test_mpi_across_nodes_leaves_out_the_master_it_does_not_know_yet():
+    # Open MPI over several nodes: rank 0's address is agreed over mpi4py inside init(), not known here.
+    rank = {**load_case("mpi/openmpi_np4")[1], "OMPI_COMM_WORLD_LOCAL_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "1"}
+    written = export_env(detect(rank), {})
+    assert "MASTER_ADDR" not in written and "MASTER_PORT" not in written
+    assert (written["RANK"], written["WORLD_SIZE"]) == ("1", "4")
