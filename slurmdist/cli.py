@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import shlex
+import signal
 import sys
 from typing import Callable, Dict, Optional, Sequence
 
@@ -162,6 +163,11 @@ def _run(args: argparse.Namespace) -> int:
         child_env[AGENT_STORE_VARIABLE] = "True"
         # Older torch releases read the agent's restart count next to that switch and fail without it.
         child_env.setdefault(RESTART_COUNT_VARIABLE, "0")
+    # Python ignores SIGPIPE and SIGXFSZ for itself, and exec keeps an ignored signal ignored: the command
+    # (`cmd | head` in a shell script, a write past the file-size limit) must get the defaults back.
+    for name in ("SIGPIPE", "SIGXFSZ"):
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), signal.SIG_DFL)
     try:
         # exec, not a child process: Slurm's signals (preemption, time limit) reach the command directly.
         os.execvpe(command[0], command, child_env)

@@ -8,9 +8,11 @@ rank's command joins as a client, told so by torch's own switch for an agent's s
 (`TORCHELASTIC_USE_AGENT_STORE=True`, which `slurmdist.init()` honours too). A connection made before the
 store is up waits in the socket's backlog instead of being refused.
 
-The store host lives exactly as long as the command: it is the command's child (the exec keeps the pid),
-leaves every signal to the command (a preemption signal must not take the store away mid-checkpoint) and
-exits once the command has exited.
+The store host lives exactly as long as the command: it watches the command's process (a pidfd of it, taken
+before the exec, which keeps the pid), from before it imports torch, and exits once the command has exited.
+It leaves every signal to the command (a preemption signal must not take the store away mid-checkpoint).
+It is not the command's child: a command that waits for any child of its own (`os.wait()`) would wait for
+the store host, which waits for the command.
 """
 
 from __future__ import annotations
@@ -18,19 +20,20 @@ from __future__ import annotations
 import errno
 import importlib.util
 import os
+import select
 import signal
 import socket
-import subprocess
 import sys
+import threading
 import time
 from datetime import timedelta
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
 from .distenv import LOOPBACK, DistEnv
 from .errors import RendezvousError
 from .rendezvous import agent_serves_store, port_in_use
 
-PARENT_POLL = 0.2  # seconds between checks that the command is still running
+PID_POLL = 0.2  # seconds between checks that the command is still running, where there is no pidfd
 LEFT_TO_THE_COMMAND = ("SIGINT", "SIGTERM", "SIGHUP", "SIGUSR1", "SIGUSR2")
 
 
@@ -60,31 +63,85 @@ def listen(port: int) -> socket.socket:
 
 
 def start(listener: socket.socket, world_size: int) -> None:
-    """Start the store host on `listener` and close this process's copy (the command must not hold the
-    port: if the host dies, clients should see a refused connection, not a silent listener). Nobody waits
-    for it: the command exec'd next becomes its parent, and it exits once that parent has."""
+    """Start the store host on `listener`, watching this process (the command exec'd next keeps its pid), and
+    close this process's copies (the command must not hold the port: if the host dies, clients should see a
+    refused connection, not a silent listener)."""
+    watched, pidfd = _watch_this_process()
     port = listener.getsockname()[1]
-    subprocess.Popen(
-        [sys.executable, "-m", "slurmdist.store_host", str(listener.fileno()), str(port), str(world_size),
-         str(os.getpid())],
-        pass_fds=(listener.fileno(),),
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-    )
-    listener.close()
+    argv = [sys.executable, "-m", "slurmdist.store_host", str(listener.fileno()), str(port), str(world_size), watched]
+    try:
+        _spawn_detached(argv, [listener.fileno()] + ([pidfd] if pidfd is not None else []))
+    finally:
+        listener.close()
+        if pidfd is not None:
+            os.close(pidfd)
 
 
-def serve(fd: int, port: int, world_size: int, parent: int, poll: float = PARENT_POLL) -> int:
-    """In the store host: serve a TCPStore on the inherited listening socket until `parent` exits."""
+def _watch_this_process() -> Tuple[str, Optional[int]]:
+    """How the store host will know the command has exited: 'pidfd:N' (Linux 5.3+; no pid-reuse race), else
+    'pid:N' (polled)."""
+    try:
+        pidfd = os.pidfd_open(os.getpid())  # type: ignore[attr-defined]  # Python 3.9+, Linux
+    except (AttributeError, OSError):
+        return f"pid:{os.getpid()}", None
+    return f"pidfd:{pidfd}", pidfd
+
+
+def _spawn_detached(argv: List[str], fds: List[int]) -> None:
+    """Run `argv` as a grandchild that keeps `fds`: the intermediate child exits at once (reaped here), so the
+    command exec'd next in this process never has the store host among its children."""
+    for fd in fds:
+        os.set_inheritable(fd, True)
+    devnull = os.open(os.devnull, os.O_RDWR)
+    child = os.fork()
+    if child == 0:
+        try:
+            if os.fork() == 0:
+                os.dup2(devnull, 0)
+                os.dup2(devnull, 1)  # stderr stays: the host's one message goes to the task's log
+                os.execv(argv[0], argv)
+        finally:
+            os._exit(0)
+    os.close(devnull)
+    os.waitpid(child, 0)
+
+
+def serve(fd: int, port: int, world_size: int, watched: str, poll: float = PID_POLL) -> int:
+    """In the store host: serve a TCPStore on the inherited listening socket until the watched command has
+    exited. The watch starts before torch is imported: a command that ends at once (not found, a crash)
+    must not leave the port held for the seconds that import takes."""
     for name in LEFT_TO_THE_COMMAND:
         signal.signal(getattr(signal, name), signal.SIG_IGN)
+    threading.Thread(target=_exit_after, args=(watched, poll), name="slurmdist-watch", daemon=True).start()
     import torch.distributed as dist
 
-    store = open_on_socket(dist, fd, port, world_size)
-    while os.getppid() == parent:
-        time.sleep(poll)
+    store = open_on_socket(dist, fd, port, world_size)  # served by torch's threads while this one waits
+    wait_for_exit(watched, poll)
     del store
     return 0
+
+
+def _exit_after(watched: str, poll: float) -> None:
+    """Ends the process when the command ends while torch is still being imported."""
+    wait_for_exit(watched, poll)
+    os._exit(0)
+
+
+def wait_for_exit(watched: str, poll: float = PID_POLL) -> None:
+    """Block until the process `watched` names ('pidfd:N' or 'pid:N') has exited."""
+    kind, _, number = watched.partition(":")
+    if kind == "pidfd":
+        select.select([int(number)], [], [])  # a pidfd turns readable when its process ends
+        return
+    pid = int(number)
+    while True:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        except PermissionError:  # alive, and someone else's: the pid was reused, so ours is gone
+            return
+        time.sleep(poll)
 
 
 def open_on_socket(dist: Any, fd: int, port: int, world_size: int) -> Any:
@@ -104,9 +161,9 @@ def open_on_socket(dist: Any, fd: int, port: int, world_size: int) -> Any:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    fd, port, world_size, parent = (int(arg) for arg in (sys.argv[1:] if argv is None else argv))
+    fd, port, world_size, watched = sys.argv[1:] if argv is None else argv
     try:
-        return serve(fd, port, world_size, parent)
+        return serve(int(fd), int(port), int(world_size), watched)
     except Exception as exc:  # the command's ranks then fail at their own timeout; say why here first
         print(f"slurmdist run: the rendezvous store on port {port} could not be served: {exc}", file=sys.stderr)
         return 1

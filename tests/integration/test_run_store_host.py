@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -17,7 +18,7 @@ from tests.integration.workers.launch import (
 pytestmark = pytest.mark.integration
 
 # The command, started by `slurmdist run`: reports what it was told, then uses the store it was told to join
-# after signalling its children (the store host among them) the way Slurm signals a whole task.
+# after signalling the store host the way Slurm signals every process of a task.
 PROBE = r"""
 import json, os, signal, socket, sys
 from datetime import timedelta
@@ -25,10 +26,12 @@ import torch.distributed as dist
 addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
 children = [int(pid) for task in os.listdir("/proc/self/task")
             for pid in open(f"/proc/self/task/{task}/children").read().split()]
-for pid in children:
+hosts = [int(pid) for pid in os.listdir("/proc") if pid.isdigit()
+         and open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")[1:5:3] == [b"-m", str(port).encode()]]
+for pid in hosts:
     for sig in (signal.SIGUSR2, signal.SIGTERM, signal.SIGINT):
         os.kill(pid, sig)
-report = {"agent_store": os.environ.get("TORCHELASTIC_USE_AGENT_STORE"), "children": children}
+report = {"agent_store": os.environ.get("TORCHELASTIC_USE_AGENT_STORE"), "children": children, "hosts": hosts}
 try:
     store = dist.TCPStore(addr, port, None, False, timedelta(seconds=20))
     store.set("probe", "ok")
@@ -66,7 +69,8 @@ def test_rank_0_serves_a_store_that_outlives_signals_and_ends_with_the_command()
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["agent_store"] == "True"
-    assert len(report["children"]) == 1  # the store host, and nothing else
+    assert len(report["hosts"]) == 1  # one store host for this port
+    assert report["children"] == []  # and not the command's child: its os.wait() must not wait for it
     assert report["store"] == "ok"  # still serving after SIGUSR2, SIGTERM and SIGINT
     assert wait_closed(port), f"the store host still listens on {port} after the command exited"
 
@@ -122,9 +126,58 @@ def test_torchrun_style_and_slurmdist_scripts_meet_at_the_hosted_store(mode):
     assert wait_closed(port)
 
 
+# Makes the store host's `import torch` take 30 s (a cold file system), and nothing else.
+SLOW_TORCH_IMPORT = """
+import sys, time
+class SlowTorch:
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch":
+            time.sleep(30)
+        return None
+if b"slurmdist.store_host" in open("/proc/self/cmdline", "rb").read():
+    sys.meta_path.insert(0, SlowTorch())
+"""
+
+
+def test_a_command_that_ends_at_once_frees_the_port_without_waiting_for_torch(tmp_path):
+    # `slurmdist run -- true` on rank 0: the store host is still importing torch when the command is gone.
+    (tmp_path / "sitecustomize.py").write_text(SLOW_TORCH_IMPORT)
+    port = free_port()
+    with open(tmp_path / "stderr", "w") as stderr:  # not a pipe: the store host inherits it
+        returncode = subprocess.run([PYTHON, "-m", "slurmdist", "run", "--", "true"], stderr=stderr,
+                                    env=rank_environ(0, 2, port, PYTHONPATH=str(tmp_path)), timeout=60).returncode
+    assert returncode == 0, (tmp_path / "stderr").read_text()
+    assert wait_closed(port, timeout=15), "the store host kept the port while it imported torch"
+
+
+def test_a_command_that_waits_for_all_its_children_is_not_kept_waiting_by_the_store_host():
+    code = """
+import os, subprocess
+worker = subprocess.Popen(["true"])
+reaped = []
+while True:
+    try:
+        reaped.append(os.wait()[0])
+    except ChildProcessError:
+        break
+print(reaped == [worker.pid])
+"""
+    result = slurmdist_run(rank_environ(0, 2, free_port()), PYTHON, "-c", code, timeout=60)
+    assert result.returncode == 0 and result.stdout.strip() == "True", result.stderr
+
+
+def test_the_command_gets_sigpipe_and_sigxfsz_back():
+    # Python ignores both for itself; a shell pipeline such as `yes | head -1` must end as it does outside.
+    result = slurmdist_run(rank_environ(0, 1, free_port()), "bash", "-c",
+                           "yes | head -n 1 >/dev/null; grep SigIgn /proc/self/status")
+    assert result.returncode == 0, result.stderr
+    ignored = int(result.stdout.split()[-1], 16)
+    assert not ignored & (1 << (13 - 1)) and not ignored & (1 << (25 - 1))  # SIGPIPE 13, SIGXFSZ 25
+
+
 def test_the_store_host_reports_why_it_cannot_serve():
     # An inherited descriptor that is not a listening socket: the host says so on stderr and exits non-zero.
-    result = subprocess.run([sys.executable, "-m", "slurmdist.store_host", "0", "1", "2", "1"],
+    result = subprocess.run([sys.executable, "-m", "slurmdist.store_host", "0", "1", "2", f"pid:{os.getpid()}"],
                             stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
     assert result.returncode == 1
     assert "rendezvous store on port 1 could not be served" in result.stderr
