@@ -38,6 +38,9 @@ TIMEOUT_VARIABLE = "SLURMDIST_INIT_TIMEOUT"
 # torchrun sets it, and so does `slurmdist run` when its store host serves the store.
 AGENT_STORE_VARIABLE = "TORCHELASTIC_USE_AGENT_STORE"
 RESTART_COUNT_VARIABLE = "TORCHELASTIC_RESTART_COUNT"
+# A name lookup, Slurm's NodeAddr (`scontrol`) or a hostfile read: each answers in milliseconds or hangs
+# (a dead DNS server, an unreachable slurmctld, a stalled mount); past this it fails naming what hung.
+LOOKUP_BOUND = 10.0
 VERDICT_GRACE = 5.0  # how long a rank waits for another rank's timeout report before writing its own
 # Seconds between connection attempts to a store not yet listening: ranks usually start within a few ms of
 # rank 0, so the first retries are short (a refused connect costs microseconds).
@@ -61,6 +64,10 @@ class Deadline:
 
     def remaining(self, floor: float = 0.001) -> float:
         return max(floor, self.end - time.monotonic())
+
+    def at_most(self, seconds: float) -> float:
+        """`seconds`, or what is left when that is less: the bound of one step inside the rendezvous."""
+        return min(seconds, self.remaining())
 
     def expired(self) -> bool:
         return time.monotonic() >= self.end
@@ -352,7 +359,7 @@ def resolve_master(
         env = env.replace(master_addr=addr, master_port=int(port))
         if started_mpi:  # the CLI execs the training process next: mpirun counts an unfinalized exit as a crash
             sys.modules["mpi4py.MPI"].Finalize()
-    return env.replace(master_addr=resolve_host(env.master_addr, environ, deadline.remaining()))
+    return env.replace(master_addr=resolve_host(env.master_addr, environ, deadline.at_most(LOOKUP_BOUND)))
 
 
 # --- store ----------------------------------------------------------------------------------------------
@@ -367,7 +374,7 @@ def wait_listening(
     and thousands of ranks polling would flood the name server."""
     pauses = poll_pauses()
     last: Optional[BaseException] = None
-    candidates = list(candidates) or addresses(host, min(10.0, deadline.remaining())) or [strip_brackets(host)]
+    candidates = list(candidates) or addresses(host, deadline.at_most(LOOKUP_BOUND)) or [strip_brackets(host)]
     while True:
         for candidate in candidates:
             try:
@@ -682,7 +689,7 @@ def connect(env: DistEnv, deadline: Deadline, environ: Mapping[str, str], genera
             # it over loopback, with no name lookup and no `scontrol` call when node names are not in DNS.
             host, shortcut, candidates = LOOPBACK, True, [LOOPBACK]
         else:
-            host, candidates = resolve_addresses(env.master_addr, environ, min(10.0, deadline.remaining()))
+            host, candidates = resolve_addresses(env.master_addr, environ, deadline.at_most(LOOKUP_BOUND))
             shortcut = False
             env = env.replace(master_addr=host)
         store, peer, keys = open_meeting(host, env, base, deadline, not agent_store, candidates)
@@ -736,7 +743,7 @@ def _slurm_master(env: DistEnv, environ: Mapping[str, str], deadline: Deadline) 
     """An srun step whose master detect() could not name (-m arbitrary) takes it from the hostfile."""
     if env.launcher != "slurm" or env.master_addr is not None:
         return env
-    return env.replace(master_addr=hostfile_master(environ, min(10.0, deadline.remaining())))
+    return env.replace(master_addr=hostfile_master(environ, deadline.at_most(LOOKUP_BOUND)))
 
 
 def _mpi_store(env: DistEnv, deadline: Deadline, environ: Mapping[str, str]) -> Tuple[Any, DistEnv, Optional[str]]:

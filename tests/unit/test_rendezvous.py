@@ -75,6 +75,24 @@ def test_resolve_host():
         resolve_host("no-such-node.invalid", {"PATH": ""})  # no scontrol either
 
 
+def test_a_slurmctld_that_never_answers_costs_one_lookup_bound_not_the_init_timeout(tmp_path, monkeypatch):
+    # `slurmdist run` resolves the master before the command starts: an scontrol that hangs must fail in
+    # LOOKUP_BOUND seconds naming the host, not after the whole 300 s init timeout.
+    from slurmdist import rendezvous
+    from slurmdist.rendezvous import resolve_master
+
+    scontrol = tmp_path / "scontrol"
+    scontrol.write_text("#!/bin/sh\nexec sleep 600\n")
+    scontrol.chmod(0o755)
+    monkeypatch.setattr(rendezvous, "LOOKUP_BOUND", 1.0)
+    task = {**load_case("slurm/srun_N2_tpn2")[2], "PATH": str(tmp_path), "SLURM_CONF": str(tmp_path / "none"),
+            "SLURM_STEP_NODELIST": "no-such-node[1-2].invalid", "SLURM_JOB_NODELIST": "no-such-node[1-2].invalid"}
+    started = time.monotonic()
+    with pytest.raises(RendezvousError, match="'no-such-node1.invalid' does not resolve"):
+        resolve_master(detect(task), environ=task, timeout=300)
+    assert time.monotonic() - started < 30  # a bound on a hang: the init timeout here is 300 s
+
+
 @pytest.mark.parametrize(
     "literal, answer", [("10.0.0.1", "10.0.0.1"), ("[fd00::7]", "fd00::7"), ("fe80::1%lo", "fe80::1%lo")]
 )
