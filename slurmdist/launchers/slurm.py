@@ -223,14 +223,22 @@ def check_outside_step(environ: Mapping[str, str]) -> Optional[str]:
 
 
 def _allocation_tasks(environ: Mapping[str, str]) -> Tuple[int, str]:
-    """How many tasks the job asked for, and the variable that says so."""
+    """How many tasks a plain `srun` in this job would start, and the variables that say so.
+
+    With a task count asked for (-n, --ntasks-per-node), SLURM_NTASKS says it. Without one, Slurm leaves
+    SLURM_NTASKS unset and fills SLURM_TASKS_PER_NODE with the node's CPUs over --cpus-per-task (8 for an
+    --exclusive job on 8 cores): not tasks anyone asked for. srun then starts one task per node.
+    """
     found = first_count(environ, ("SLURM_NTASKS", "SLURM_NPROCS"), minimum=1)
     if found is not None:
         return found[1], f"{found[0]}={found[1]}"
-    raw = environ.get("SLURM_TASKS_PER_NODE")
-    if raw is not None:
-        return sum(parse_tasks_per_node("SLURM_TASKS_PER_NODE", raw)), f"SLURM_TASKS_PER_NODE={raw}"
-    return 1, "no task count"
+    nodes = first_count(environ, NODES_VARIABLES[1:], minimum=1)
+    if nodes is None:
+        return 1, "no task count"
+    per_node = first_count(environ, ("SLURM_NTASKS_PER_NODE",), minimum=1)
+    if per_node is not None:
+        return nodes[1] * per_node[1], f"{nodes[0]}={nodes[1]} x {per_node[0]}={per_node[1]}"
+    return nodes[1], f"{nodes[0]}={nodes[1]}, one task per node"
 
 
 def _first_required(environ: Mapping[str, str], names: Tuple[str, ...]) -> Tuple[str, int]:

@@ -155,16 +155,39 @@ def test_srun_with_pmi2_from_the_cluster_is_slurm():
         assert env.launcher == "slurm"
 
 
+def srun_default_tasks(environ: dict) -> int:
+    """How many tasks a plain `srun` in this job starts (Slurm's rule): -n when given, else one task per
+    node (or --ntasks-per-node each). SLURM_TASKS_PER_NODE alone is CPUs, not tasks (the exclusive capture)."""
+    if "SLURM_NTASKS" in environ:
+        return int(environ["SLURM_NTASKS"])
+    return int(environ["SLURM_JOB_NUM_NODES"]) * int(environ.get("SLURM_NTASKS_PER_NODE", "1"))
+
+
 @pytest.mark.parametrize("name", BATCH)
-def test_batch_scripts_fail_fast_unless_they_asked_for_one_task(name):
+def test_batch_scripts_fail_fast_unless_srun_would_start_one_task(name):
     for environ in load_case(case_path(name)):
-        tasks = int(environ.get("SLURM_NTASKS", "1"))
+        tasks = srun_default_tasks(environ)
         if tasks > 1:
             with pytest.raises(LaunchError, match="srun"):
                 detect(environ)
         else:
             env = detect(environ)
             assert (env.launcher, env.world_size) == ("single", 1)
+
+
+def test_an_exclusive_job_without_a_task_count_is_one_process():
+    # sbatch --exclusive (or --gres=gpu:1 --cpus-per-gpu=8) and `python train.py`: no -n, so Slurm's
+    # SLURM_TASKS_PER_NODE=8 counts CPUs. One process is what the job asked for.
+    (environ,) = load_case("slurm/sbatch_exclusive_batchstep")
+    assert "SLURM_NTASKS" not in environ and environ["SLURM_TASKS_PER_NODE"] == "8"
+    env = detect(environ)
+    assert (env.launcher, env.world_size) == ("single", 1)
+
+
+def test_two_nodes_without_a_task_count_name_sruns_default():
+    (environ,) = load_case("slurm/sbatch_N2_no_n_batchstep")
+    with pytest.raises(LaunchError, match=r"asked for 2 tasks \(SLURM_NNODES=2, one task per node\)"):
+        detect(environ)
 
 
 @pytest.mark.parametrize("name", SALLOC)
