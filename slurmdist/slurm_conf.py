@@ -10,6 +10,7 @@ caller asks scontrol.
 
 from __future__ import annotations
 
+import re
 from typing import Dict, Iterator, Mapping, Optional
 
 from .errors import HostlistError
@@ -18,28 +19,32 @@ DEFAULT_PATH = "/etc/slurm/slurm.conf"
 MAX_BYTES = 8 << 20  # a slurm.conf is kilobytes; never read an arbitrary huge file whole
 
 
+_COMMENT = re.compile(r"(?<!\\)#.*")  # a '#' starts a comment unless escaped ('\#')
+_ESCAPE = re.compile(r"\\(.)")
+# Slurm's own key=value rule (parse_config.c): spaces may surround '=', a value may be "double quoted".
+_OPTION = re.compile(r'(?:^|\s)([A-Za-z][\w.]*)\s*=\s*(?:"([^"]*)"|(\S+))')
+
+
 def logical_lines(text: str) -> Iterator[str]:
-    """Lines with comments dropped and backslash continuations joined, as Slurm reads them."""
+    """Lines as Slurm reads them: comments dropped, a trailing backslash joining the next line (with no
+    space between), then backslash escapes removed."""
     pending = ""
     for raw in text.splitlines():
-        line = raw.split("#", 1)[0].rstrip()
-        if line.endswith("\\"):
-            pending += line[:-1] + " "
+        line = _COMMENT.sub("", raw).rstrip()
+        if line.endswith("\\") and not line.endswith("\\\\"):
+            pending += line[:-1]
             continue
-        yield pending + line
+        yield _ESCAPE.sub(r"\1", pending + line)
         pending = ""
     if pending:
-        yield pending
+        yield _ESCAPE.sub(r"\1", pending)
 
 
 def options(line: str) -> Dict[str, str]:
-    """`Key=Value` words of one line, keys lower-cased (slurm.conf keys are case-insensitive)."""
-    found = {}
-    for word in line.split():
-        key, equals, value = word.partition("=")
-        if equals:
-            found[key.lower()] = value
-    return found
+    """`Key=Value` options of one line, keys lower-cased (slurm.conf keys are case-insensitive), quotes
+    around a value dropped."""
+    return {match.group(1).lower(): match.group(2) if match.group(2) is not None else match.group(3)
+            for match in _OPTION.finditer(line)}
 
 
 def node_addr(text: str, node: str) -> Optional[str]:

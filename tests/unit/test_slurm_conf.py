@@ -33,6 +33,16 @@ def test_node_addr(node, addr):
     assert node_addr(CONF, node) == addr
 
 
+@pytest.mark.parametrize("text", [
+    'NodeName=n[1-2] NodeAddr="10.0.0.[1-2]"\n',  # a quoted value, as slurmctld accepts it
+    "NodeName = n[1-2]  NodeAddr = 10.0.0.[1-2]\n",  # spaces around '='
+    "NodeName=n[1-2] NodeAddr=10.0.0.\\\n[1-2]\n",  # a continuation joins with no space
+    "NodeName=n[1-2] Feature=a\\#b NodeAddr=10.0.0.[1-2] # an escaped '#' is no comment\n",
+])
+def test_slurms_own_key_value_rules(text):
+    assert node_addr(text, "n2") == "10.0.0.2"
+
+
 def test_a_malformed_node_line_defers_to_scontrol():
     assert node_addr("NodeName=n[1-x] NodeAddr=10.0.0.[1-2]\n", "n1") is None
 
