@@ -84,6 +84,15 @@ def interface_holding(address: str, table: Mapping[str, List[bytes]]) -> Optiona
     return None
 
 
+# Documentation addresses (RFC 5737, RFC 3849): routed like any far address, i.e. by the default route.
+DEFAULT_ROUTE_PROBES = ("192.0.2.1", "2001:db8::1")
+
+
+def default_route_source() -> Optional[str]:
+    """This host's address on its default route (IPv4, else IPv6); None without a default route."""
+    return next((found for found in map(source_address, DEFAULT_ROUTE_PROBES) if found), None)
+
+
 def source_address(destination: str) -> Optional[str]:
     """The local address the kernel sends from to reach the address `destination` (connecting a UDP socket
     sends nothing). None for a host name: looking it up here would only repeat the lookup the store made."""
@@ -152,11 +161,14 @@ def gloo_interface_for_command(master_address: Optional[str], single_node: bool,
     """The same choice for `slurmdist run`, which cannot ask another node how it reached the master before the
     command starts, so it goes by the master address it resolved itself. `own_name`: that address is what this
     host's own name resolved to (the rank is on the master's node). When that is loopback, it is exactly where
-    gloo's default goes wrong (`127.0.1.1 node1` in /etc/hosts), so gloo keeps its own choice. A loopback
-    address Slurm gave as the node's NodeAddr is trusted: other nodes reach the master there too.
+    gloo's default goes wrong (`127.0.1.1 node1` in /etc/hosts: gloo would bind it, and no other node can
+    reach it), so this takes the default route's interface, which other nodes most likely reach this one
+    through. A loopback address Slurm gave as the node's NodeAddr is trusted: other nodes reach the master
+    there too.
     """
     if single_node or master_address is None:
         return gloo_interface(master_address, single_node)
     if own_name and is_loopback(source_address(master_address) or ""):
-        return None
+        route = default_route_source()
+        return interface_holding(route, interface_addresses()) if route else None
     return interface_towards(master_address)

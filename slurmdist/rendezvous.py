@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterator, List, Mapping, Optional, Sequence, T
 from . import slurm_conf
 from .distenv import LOOPBACK, DistEnv
 from .errors import RendezvousError
-from .interfaces import ip_of, is_loopback
+from .interfaces import default_route_source, ip_of, is_loopback
 from .launchers import slurm
 
 log = logging.getLogger("slurmdist")
@@ -258,14 +258,7 @@ def own_address(single_node: bool) -> str:
             return address
     if single_node:
         return LOOPBACK
-    for family, probe in ((socket.AF_INET, "192.0.2.1"), (socket.AF_INET6, "2001:db8::1")):
-        try:
-            with socket.socket(family, socket.SOCK_DGRAM) as udp:  # connect() on UDP sends nothing
-                udp.connect((probe, 9))
-                return udp.getsockname()[0]
-        except OSError:
-            continue
-    return name
+    return default_route_source() or name
 
 
 def free_port() -> int:

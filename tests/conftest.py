@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import importlib
 import os
+import shutil
+import subprocess
 from pathlib import Path
 from types import ModuleType
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import pytest
 
@@ -33,6 +35,21 @@ def require_module(name: str, install: str) -> ModuleType:
     except ImportError as exc:
         missing_prerequisite(f"{name} is not importable ({exc}): {install}")
         raise  # not reached: missing_prerequisite raises
+
+
+def ip_command() -> str:
+    """iproute2's `ip`, the reference the interface code is checked against."""
+    found = shutil.which("ip") or next((p for p in ("/usr/sbin/ip", "/sbin/ip") if os.path.exists(p)), None)
+    if found is None:
+        missing_prerequisite("iproute2's `ip` is not installed: scripts/install-system-deps installs it")
+    return str(found)
+
+
+def default_route_device() -> Optional[str]:
+    """The device this host's default route leaves through, as `ip route get` says; None without one."""
+    route = subprocess.run([ip_command(), "route", "get", "192.0.2.1"], capture_output=True, text=True, timeout=10)
+    words = route.stdout.split()
+    return words[words.index("dev") + 1] if route.returncode == 0 and "dev" in words else None
 
 
 def load_env(path: Path) -> Dict[str, str]:

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import socket
 import subprocess
 
@@ -12,7 +10,7 @@ import pytest
 
 from slurmdist import interfaces
 from slurmdist.errors import BackendError
-from tests.conftest import missing_prerequisite
+from tests.conftest import default_route_device, ip_command
 
 V4 = socket.inet_pton(socket.AF_INET, "10.1.0.7")
 V6 = socket.inet_pton(socket.AF_INET6, "fd00::7")
@@ -81,12 +79,18 @@ def test_one_node_binds_loopback_and_several_need_an_address():
 
 @pytest.mark.parametrize("master, own_name, expected", [
     ("127.0.0.11", False, "lo"),  # Slurm's NodeAddr for the master node: trusted, other nodes use it too
-    ("127.0.1.1", True, None),  # this host's own name resolved to loopback (Debian's /etc/hosts): gloo decides
     ("node1", False, None),  # never a name: the CLI passes the address the name resolved to
     (None, False, None),
 ])
 def test_slurmdist_run_across_nodes(master, own_name, expected):
     assert interfaces.gloo_interface_for_command(master, single_node=False, own_name=own_name) == expected
+
+
+def test_slurmdist_run_on_a_master_whose_name_is_loopback_binds_the_default_routes_interface():
+    # Debian's `127.0.1.1 node1` in /etc/hosts: gloo's own choice would be 127.0.1.1, which no other node
+    # reaches. iproute2 says which device the default route leaves through (none: gloo keeps its choice).
+    expected = default_route_device()
+    assert interfaces.gloo_interface_for_command("127.0.1.1", single_node=False, own_name=True) == expected
 
 
 def test_slurmdist_run_on_one_node_binds_loopback():
@@ -95,10 +99,7 @@ def test_slurmdist_run_on_one_node_binds_loopback():
 
 def _ip_addr() -> list:
     """`ip -j addr` (iproute2): the reference this module's ioctl and /proc reading must agree with."""
-    ip = shutil.which("ip") or next((p for p in ("/usr/sbin/ip", "/sbin/ip") if os.path.exists(p)), None)
-    if ip is None:
-        missing_prerequisite("iproute2's `ip` is not installed: scripts/install-system-deps installs it")
-    return json.loads(subprocess.run([ip, "-j", "addr"], capture_output=True, text=True, check=True,
+    return json.loads(subprocess.run([ip_command(), "-j", "addr"], capture_output=True, text=True, check=True,
                                      timeout=10).stdout)
 
 
