@@ -229,8 +229,9 @@ def hostfile_master(environ: Mapping[str, str], timeout: float = 10.0) -> str:
     if not path:
         raise RendezvousError(
             f"srun -m arbitrary ({slurm.DISTRIBUTION_VARIABLE}={environ.get(slurm.DISTRIBUTION_VARIABLE)!r}) "
-            f"but {slurm.HOSTFILE_VARIABLE} is not set, so the node of task 0 (the rendezvous master) is unknown; "
-            "set MASTER_ADDR to task 0's node"
+            f"but {slurm.HOSTFILE_VARIABLE} is not set: the layout came from an `srun -w` list, which reaches the "
+            "tasks only sorted, so the node of task 0 (the rendezvous master) is unknown. Set MASTER_ADDR to "
+            f"task 0's node (the first host of the -w list), or give the layout in {slurm.HOSTFILE_VARIABLE}"
         )
 
     def head() -> str:

@@ -13,7 +13,7 @@ from typing import Dict, List, Tuple
 
 import pytest
 
-from slurmdist import DistEnv, LaunchError, detect, hostlist
+from slurmdist import DistEnv, LaunchError, RendezvousError, detect, hostlist
 from slurmdist.rendezvous import hostfile_master
 from tests.conftest import FIXTURES, load_case
 
@@ -82,6 +82,16 @@ def test_arbitrary_layout_master_comes_from_the_hostfile_srun_used(tmp_path):
     task0_node = next(environ["SLURMD_NODENAME"] for environ, env in group if env.rank == 0)
     for environ, env in group:
         assert hostfile_master({**environ, "SLURM_HOSTFILE": str(hostfile)}) == task0_node == "node2"
+
+
+def test_arbitrary_layout_from_a_w_list_asks_for_master_addr_at_once():
+    # srun -m arbitrary -w node2,node1,node1: no hostfile, and the nodelist the tasks see is sorted, so no
+    # task can tell where task 0 runs; guessing node1 would leave every rank waiting at the wrong host.
+    for environ in load_case("slurm/srun_arbitrary_w_N2_n3"):
+        assert "SLURM_HOSTFILE" not in environ and detect(environ).master_addr is None
+        with pytest.raises(RendezvousError, match="srun -w` list.*Set MASTER_ADDR to task 0.s node"):
+            hostfile_master(environ)
+        assert detect({**environ, "MASTER_ADDR": "node2"}).master_addr == "node2"
 
 
 def test_uneven_srun_layout_from_the_cluster():
