@@ -60,7 +60,12 @@ class Deadline:
 
     def __init__(self, seconds: float) -> None:
         self.seconds = seconds
-        self.end = time.monotonic() + seconds
+        self.start = time.monotonic()
+        self.end = self.start + seconds
+
+    def elapsed(self) -> float:
+        """Seconds since the rendezvous began (past `seconds` when a step overran it)."""
+        return time.monotonic() - self.start
 
     def remaining(self, floor: float = 0.001) -> float:
         return max(floor, self.end - time.monotonic())
@@ -488,7 +493,7 @@ class Keys:
     process forms one after another; `attempt`, counted on the store, separates failed attempts: a retry
     never reads an earlier attempt's verdict, and a rank that missed an attempt meets the others' retry."""
 
-    __slots__ = ("prefix", "attempt", "attempts", "count", "verdict", "reporter", "seen", "reach")
+    __slots__ = ("prefix", "attempt", "attempts", "count", "verdict", "reporter", "seen", "reach", "world")
 
     def __init__(self, base: str, attempt: int = 0) -> None:
         self.attempt = attempt
@@ -499,6 +504,7 @@ class Keys:
         self.reporter = f"{prefix}/reporter"  # the first rank to notice a failure writes the verdict
         self.seen = f"{prefix}/seen"  # ranks that read a failed verdict (rank 0 waits for them)
         self.reach = f"{prefix}/reach"  # the address a rank on another node reached the master's node at
+        self.world = f"{prefix}/world"  # the world size the first rank to check in was told
 
     def arrived(self, rank: int) -> str:
         return f"{self.prefix}/arrived/{rank}"
@@ -542,6 +548,10 @@ def run_prefix(env: DistEnv, environ: Mapping[str, str], generation: int) -> str
     return "slurmdist/" + "/".join(part or "-" for part in parts)
 
 
+# Verdicts that name nobody: with a cause (the process group's own failure), the cause is what to report.
+NOBODY_MISSING = ("every rank arrived", "no rank reported")
+
+
 class Rendezvous:
     """One meeting of `world_size` ranks at a store: check in, wait for all, or report who is missing.
 
@@ -559,15 +569,33 @@ class Rendezvous:
         self.where = hostport(env.master_addr, env.master_port)
 
     def check_in(self) -> None:
-        """Say this rank is here (and, first, at which address it reached the master's node)."""
+        """Say this rank is here (and, first, at which address it reached the master's node). A rank number
+        someone else already holds, or a world size other than the first rank's, fails every rank at once:
+        two processes with one RANK, a WORLD_SIZE that differs between ranks, or another job on this port."""
         with self._store_errors():
             if self.reach is not None:
                 self.store.set(self.keys.reach, self.reach)
-            self.store.set(self.keys.arrived(self.env.rank), socket.gethostname())
+            conflict = self._claim()
+            if conflict is not None:
+                self.fail(problem=conflict)
             if self.store.add(self.keys.count, 1) == self.env.world_size:
                 verdict = self.store.compare_set(self.keys.verdict, "", "go").decode()
                 if verdict != "go":  # the attempt failed just before this rank came: the others have left it
                     self.fail(late=True)
+
+    def _claim(self) -> Optional[str]:
+        """Take this rank's arrival key and check the world size; what is wrong, or None."""
+        me = f"{socket.gethostname()} (pid {os.getpid()})"
+        token = f"{me}#{os.urandom(6).hex()}"  # unique to this check-in, threads of one process included
+        holder = self.store.compare_set(self.keys.arrived(self.env.rank), "", token).decode()
+        if holder != token:
+            return (f"rank {self.env.rank} checked in twice, from {holder.split('#')[0]} and from {me}: two "
+                    f"processes have RANK={self.env.rank}, or another job uses this MASTER_PORT (set a different one)")
+        told = self.store.compare_set(self.keys.world, "", str(self.env.world_size)).decode()
+        if told != str(self.env.world_size):
+            return (f"rank {self.env.rank} was told WORLD_SIZE={self.env.world_size} but ranks before it were "
+                    f"told {told}: every rank must be started with the same world size")
+        return None
 
     def master_reach(self) -> str:
         """The address other nodes reach the master's node at. A rank that took the loopback shortcut learns it
@@ -588,33 +616,38 @@ class Rendezvous:
             if _get(self.store, self.keys.verdict) != "go":
                 self.fail()
 
-    def fail(self, cause: Optional[BaseException] = None, late: bool = False) -> None:
+    def fail(self, cause: Optional[BaseException] = None, late: bool = False, problem: Optional[str] = None) -> None:
         """Agree on what went wrong with the other present ranks, then raise it as a `RendezvousError`.
-        `late`: this rank checked in after the others had given up, so the verdict names it as missing."""
+        `late`: this rank checked in after the others had given up, so the verdict names it as missing.
+        `problem`: what this rank found wrong at check-in; it becomes the verdict unless one is already set,
+        and this rank raises it whatever the verdict."""
         with self._store_errors(cause):
-            if self.store.add(self.keys.reporter, 1) == 1:
-                self.store.compare_set(self.keys.verdict, "", self._missing_text())
+            if self.store.add(self.keys.reporter, 1) == 1 or problem is not None:
+                self.store.compare_set(self.keys.verdict, "", problem or self._missing_text())
             else:
                 self._wait_for_report()
             verdict = _get(self.store, self.keys.verdict)
-            if verdict == "go" and cause is None:
+            if verdict == "go" and cause is None and problem is None:
                 return
-            # Every failing rank moves the store to the next attempt (only the first move counts) before it
-            # raises, so whichever rank retries first, every retry and every latecomer meets in the next one.
-            attempt = str(self.keys.attempt)
-            self.store.compare_set(self.keys.attempts, attempt, str(self.keys.attempt + 1))
-            self.store.add(self.keys.seen, 1)
-            if self.env.rank == 0:  # the store lives in this process: let the others read the verdict
-                self._linger()
-        if verdict == "go" or "never arrived" not in verdict:  # nobody missing: the cause is the news
-            verdict = f"every rank arrived, but: {_first_line(cause)}" if cause is not None else verdict
+            if verdict != "go" or cause is not None:  # a failed attempt (not a stray process at a finished one)
+                # Every failing rank moves the store to the next attempt (only the first move counts) before it
+                # raises, so whichever rank retries first, every retry and every latecomer meets in the next.
+                attempt = str(self.keys.attempt)
+                self.store.compare_set(self.keys.attempts, attempt, str(self.keys.attempt + 1))
+                self.store.add(self.keys.seen, 1)
+                if self.env.rank == 0:  # the store lives in this process: let the others read the verdict
+                    self._linger()
+        if problem is not None:
+            verdict = problem
+        elif cause is not None and (verdict == "go" or verdict.startswith(NOBODY_MISSING)):
+            verdict = f"every rank arrived, but: {_first_line(cause)}"  # the cause is the news
         if late:
             verdict = (
                 f"rank {self.env.rank} came after the others had given up on this attempt (their verdict: "
                 f"{verdict}); calling init() again meets their retry"
             )
         raise RendezvousError(
-            f"rendezvous at {self.where} failed after {self.deadline.seconds - self.deadline.remaining(0):.0f} s "
+            f"rendezvous at {self.where} failed after {self.deadline.elapsed():.0f} s "
             f"(timeout {self.deadline.seconds:.0f} s): {verdict} (world size {self.env.world_size}; this is "
             f"rank {self.env.rank}). Check that every rank started (job log, srun/mpirun task counts) and can "
             f"reach {self.where}; raise {TIMEOUT_VARIABLE} if they are only slow"
@@ -623,7 +656,7 @@ class Rendezvous:
     def _missing_text(self) -> str:
         missing = [r for r in range(self.env.world_size) if not self.store.check([self.keys.arrived(r)])]
         if not missing:
-            return "every rank arrived"
+            return NOBODY_MISSING[0]
         arrived = self.env.world_size - len(missing)
         return f"{arrived} of {self.env.world_size} ranks arrived; rank(s) {compress_ranks(missing)} never arrived"
 
@@ -631,7 +664,7 @@ class Rendezvous:
         try:
             self.store.wait([self.keys.verdict], timedelta(seconds=VERDICT_GRACE))
         except RuntimeError:
-            self.store.compare_set(self.keys.verdict, "", f"no rank reported within {VERDICT_GRACE:.0f} s")
+            self.store.compare_set(self.keys.verdict, "", f"{NOBODY_MISSING[1]} within {VERDICT_GRACE:.0f} s")
 
     def _linger(self) -> None:
         arrived = int(self.store.add(self.keys.count, 0))

@@ -181,6 +181,56 @@ def meet(world, ranks, timeout, port=None, environ=None):
     return outcome, port
 
 
+def start_rank(port, rank, world, outcome, name, timeout=20):
+    """One rank in a thread: connect, check in, wait for all; its outcome (None or the exception) in `outcome`."""
+    kept = []
+
+    def rank_main():
+        try:
+            kept.append(connect(env_of(rank, world, port), Deadline(timeout), {}))
+            kept[-1].wait_all()
+            outcome[name] = None
+        except Exception as exc:  # asserted on by the caller
+            outcome[name] = exc
+
+    thread = threading.Thread(target=rank_main)
+    thread.start()
+    return thread
+
+
+def test_two_processes_with_one_rank_fail_every_rank_at_once_naming_it():
+    # A launcher that started RANK=1 twice (and no rank 2): not "rank 2 never arrived" after the timeout.
+    port, outcome = free_port(), {}
+    threads = [start_rank(port, 0, 3, outcome, "rank 0"), start_rank(port, 1, 3, outcome, "first rank 1")]
+    time.sleep(1)  # the first rank 1 has checked in
+    threads.append(start_rank(port, 1, 3, outcome, "second rank 1"))
+    for thread in threads:
+        thread.join(60)
+    assert set(outcome) == {"rank 0", "first rank 1", "second rank 1"}
+    for name, error in outcome.items():
+        assert isinstance(error, RendezvousError), name
+        assert "rank 1 checked in twice" in str(error) and "two processes have RANK=1" in str(error), name
+        assert "(timeout 20 s)" in str(error) and "failed after 20 s" not in str(error), name  # not waited out
+
+
+def test_a_rank_told_another_world_size_fails_every_rank_naming_both():
+    port, outcome = free_port(), {}
+    first = start_rank(port, 0, 3, outcome, "rank 0")
+    time.sleep(1)
+    second = start_rank(port, 1, 2, outcome, "rank 1")
+    first.join(60), second.join(60)
+    for name, error in outcome.items():
+        assert isinstance(error, RendezvousError), name
+        assert "rank 1 was told WORLD_SIZE=2 but ranks before it were told 3" in str(error), name
+    assert set(outcome) == {"rank 0", "rank 1"}
+
+
+def test_the_time_a_failure_took_is_reported_even_past_the_timeout():
+    deadline = Deadline(0.01)
+    time.sleep(0.05)
+    assert deadline.elapsed() >= 0.05 > deadline.seconds
+
+
 def test_every_rank_arrives():
     outcome, _ = meet(4, [3, 2, 1, 0], timeout=30)
     assert outcome == {0: None, 1: None, 2: None, 3: None}
