@@ -640,7 +640,7 @@ class Rendezvous:
         if problem is not None:
             verdict = problem
         elif cause is not None and (verdict == "go" or verdict.startswith(NOBODY_MISSING)):
-            verdict = f"every rank arrived, but: {_first_line(cause)}"  # the cause is the news
+            verdict = f"every rank arrived, but: {_first_line(cause)}{_mesh_straggler(cause)}"
         if late:
             verdict = (
                 f"rank {self.env.rank} came after the others had given up on this attempt (their verdict: "
@@ -685,6 +685,20 @@ class Rendezvous:
                 f"{'; earlier: ' + _first_line(cause) if cause is not None else ''}. The process hosting it "
                 "(rank 0, torchrun's agent, or slurmdist run's store host) probably exited: see its log"
             ) from None
+
+
+# How torch reports a gloo peer that never published its address: "wait timeout after 9995ms, keys:
+# /<prefix>/pg//cpu//0/2" (the last part is the peer's rank).
+_MESH_KEY = re.compile(r"timeout.*keys: \S*/pg/\S*/(\d+)\b")
+
+
+def _mesh_straggler(cause: BaseException) -> str:
+    """For a gloo mesh that timed out waiting for a rank's address: which rank, and what that means."""
+    found = _MESH_KEY.search(_first_line(cause))
+    if found is None:
+        return ""
+    return (f" (rank {found.group(1)} checked in but never joined the gloo mesh: it exited or hung after "
+            "checking in; see its log)")
 
 
 def _get(store: Any, key: str) -> str:

@@ -225,6 +225,22 @@ def test_a_rank_told_another_world_size_fails_every_rank_naming_both():
     assert set(outcome) == {"rank 0", "rank 1"}
 
 
+def test_a_rank_that_died_in_the_gloo_mesh_is_named(agent_store):
+    # Ranks 0 and 1 checked in; rank 2 checked in too, then died before publishing its gloo address. The
+    # others' process group times out on rank 2's key: that rank is named, not just "every rank arrived".
+    import torch.distributed as dist
+
+    port, agent = agent_store
+    meetings = [connect(env_of(rank, 3, port), Deadline(20), AGENT_ENVIRON) for rank in range(3)]
+    meetings[0].wait_all()
+    prefixed = dist.PrefixStore(meetings[0].keys.prefix + "/pg", meetings[0].store)
+    with pytest.raises(RuntimeError) as gloo_timeout:  # what gloo's connect step raises, for real
+        prefixed.wait(["/cpu//0/2"], timedelta(seconds=0.2))
+    with pytest.raises(RendezvousError, match=r"every rank arrived, but: .*\(rank 2 checked in but never joined "
+                                              r"the gloo mesh: it exited or hung after checking in"):
+        meetings[1].fail(gloo_timeout.value)
+
+
 def test_the_time_a_failure_took_is_reported_even_past_the_timeout():
     deadline = Deadline(0.01)
     time.sleep(0.05)
