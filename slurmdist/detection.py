@@ -108,11 +108,11 @@ def _mpirun_inside_step(step: DistEnv, launched_by_mpi: Optional[DistEnv]) -> bo
     return disagree
 
 
+_PLACEMENT = ("rank", "world_size", "local_rank", "local_world_size")
+
+
 def _same_placement(one: DistEnv, other: DistEnv) -> bool:
     return all(getattr(one, name) == getattr(other, name) for name in _PLACEMENT)
-
-
-_PLACEMENT = ("rank", "world_size", "local_rank", "local_world_size")
 
 
 def is_own_srun_task(env: DistEnv, environ: Mapping[str, str]) -> bool:

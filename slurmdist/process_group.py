@@ -158,8 +158,7 @@ def _choose_gloo_interface(meeting: rendezvous.Rendezvous, environ: Mapping[str,
     if name is None:
         log.debug("rank %d: no interface towards the master found; gloo picks its own", env.rank)
         return
-    os.environ[interfaces.GLOO_INTERFACE_VARIABLE] = name
-    _state["interface"] = name  # shutdown() takes it back, so a later init() chooses afresh
+    _set_interface(name)
 
 
 def _choose_loopback(env: DistEnv, environ: Mapping[str, str]) -> None:
@@ -169,8 +168,13 @@ def _choose_loopback(env: DistEnv, environ: Mapping[str, str]) -> None:
         return
     name = interfaces.gloo_interface(None, single_node=True)
     if name is not None:
-        os.environ[interfaces.GLOO_INTERFACE_VARIABLE] = name
-        _state["interface"] = name
+        _set_interface(name)
+
+
+def _set_interface(name: str) -> None:
+    """Tell gloo (it reads only the process environment) which interface to bind."""
+    os.environ[interfaces.GLOO_INTERFACE_VARIABLE] = name
+    _state["interface"] = name  # shutdown() takes it back, so a later init() chooses afresh
 
 
 def _init_group(
