@@ -205,9 +205,10 @@ def unused_gpus(
 
 def _names_gpus(name: str, value: Optional[str]) -> bool:
     """SLURM_GPUS_ON_NODE is a count; the others list GPU indices ("0" is GPU 0)."""
-    if value is None or not value.strip():
-        return False
-    return not value.strip().isdigit() or int(value) > 0 if name == "SLURM_GPUS_ON_NODE" else True
+    value = (value or "").strip()
+    if name != "SLURM_GPUS_ON_NODE":
+        return bool(value)
+    return bool(value) and (not value.isdigit() or int(value) > 0)
 
 
 def check_index(device: Any, choice: BackendChoice) -> None:
