@@ -18,17 +18,21 @@ import time
 import traceback
 import warnings
 from datetime import timedelta
-from typing import Any, Iterator, List, Mapping, Optional
+from typing import Any, Iterator, List, Mapping, Optional, Set
 
 from . import backends, devices, interfaces, rendezvous
 from .detection import detect, is_own_srun_task
 from .distenv import DistEnv
 from .errors import SlurmdistError
+from .store_watchdog import StoreWatchdog
 
 log = logging.getLogger("slurmdist")
 
 COLLECTIVE_TIMEOUT_VARIABLE = "SLURMDIST_COLLECTIVE_TIMEOUT"
 DEFAULT_COLLECTIVE_TIMEOUT = 1800.0  # torch's own default for gloo; a stuck collective still ends
+# Past the rendezvous deadline, the ranks' agreeing on who is missing takes at most two verdict graces; a rank
+# still inside init() after this waits on a store that stopped answering (see store_watchdog).
+WATCHDOG_GRACE = 3 * rendezvous.VERDICT_GRACE
 
 # Re-entrant: a signal handler that calls shutdown() runs in the main thread on top of an init() holding it.
 _lock = threading.RLock()
@@ -126,7 +130,25 @@ def _start_group(env: DistEnv, deadline: rendezvous.Deadline, environ: Mapping[s
         _choose_loopback(env, environ)
         _init_group(env, dist.HashStore(), "slurmdist/single", collective)
         return env
-    meeting = rendezvous.connect(env, deadline, environ, _state["generation"])
+    watchdog = StoreWatchdog(deadline.remaining() + WATCHDOG_GRACE, {env.master_port} if env.master_port else set())
+    try:
+        with watchdog.running():
+            formed = _meet(env, deadline, environ, collective, watchdog.ports)
+    except (rendezvous.RendezvousError, RuntimeError):
+        if not watchdog.fired:
+            raise
+        raise rendezvous.store_stopped_answering(env, deadline, watchdog.ports) from None
+    if watchdog.fired:  # it cut as the group formed: collectives work, new_group() on the store will not
+        log.warning("rank %d: the group formed only after the store watchdog cut the store's connections",
+                    env.rank)
+    return formed
+
+
+def _meet(
+    env: DistEnv, deadline: rendezvous.Deadline, environ: Mapping[str, str], collective: timedelta, store_ports: Set[int]
+) -> DistEnv:
+    """Rendezvous at the store, then form the group on it. `store_ports` receives the store's port once known."""
+    meeting = rendezvous.connect(env, deadline, environ, _state["generation"], store_ports)
     env = meeting.env
     # gloo connects every pair inside init_process_group, and that wait is bounded by its timeout: letting it
     # overlap the arrival wait keeps the full-mesh setup off the critical path. Lazy backends (nccl, hccl)

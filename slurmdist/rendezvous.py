@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 from datetime import timedelta
-from typing import Any, Callable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Iterator, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
 from . import slurm_conf
 from .distenv import LOOPBACK, DistEnv
@@ -446,7 +446,8 @@ def _join_store(dial: str, port: int, where: str, rank: int, world_size: int, de
         raise RendezvousError(
             f"rank {rank}: something listens at {where} but does not answer as a rendezvous store (world size "
             f"{world_size}, waited {deadline.seconds:.0f} s): another program holds MASTER_PORT (rank 0 then "
-            "reports that it cannot listen). Set MASTER_PORT to a free port"
+            "reports that it cannot listen; set MASTER_PORT to a free port), or the process serving the store is "
+            "frozen (SIGSTOP, a debugger) or swapping"
         ) from None
     except RuntimeError as exc:
         raise RendezvousError(
@@ -479,6 +480,18 @@ def _store_closed(exc: BaseException) -> bool:
 
     network_error = getattr(dist, "DistNetworkError", None)
     return isinstance(exc, network_error) if network_error is not None else not _is_timeout(exc)
+
+
+def store_stopped_answering(env: DistEnv, deadline: Deadline, ports: Set[int]) -> RendezvousError:
+    """The error of a rank whose store calls the watchdog had to cut (see store_watchdog)."""
+    where = hostport(env.master_addr, env.master_port) if env.master_port else f"port {min(ports, default='?')}"
+    return RendezvousError(
+        f"rank {env.rank}: the rendezvous store at {where} stopped answering (world size {env.world_size}): a "
+        f"request to it was still unanswered {deadline.elapsed():.0f} s into the {deadline.seconds:.0f} s "
+        "rendezvous, so this rank cut its connection. The process serving the store (rank 0, or torchrun's agent "
+        "or slurmdist run's store host) is frozen (SIGSTOP, Ctrl-Z, a debugger), swapping, or cut off from this "
+        "node by the network: see its state (ps, its log) and the network between the nodes"
+    )
 
 
 def port_in_use(port: int, where: str, who: str = "rank 0") -> RendezvousError:
@@ -715,14 +728,23 @@ def agent_serves_store(environ: Mapping[str, str]) -> bool:
     return environ.get(AGENT_STORE_VARIABLE) == "True"
 
 
-def connect(env: DistEnv, deadline: Deadline, environ: Mapping[str, str], generation: int = 0) -> Rendezvous:
+def connect(
+    env: DistEnv,
+    deadline: Deadline,
+    environ: Mapping[str, str],
+    generation: int = 0,
+    store_ports: Optional[Set[int]] = None,
+) -> Rendezvous:
     """Resolve the master, open the store and check in (without waiting for the others). `generation`
-    counts the groups this process formed before (after `shutdown()`, `init()` meets under new keys)."""
+    counts the groups this process formed before (after `shutdown()`, `init()` meets under new keys).
+    `store_ports` receives a port learnt on the way (MPI), for the store watchdog."""
     agent_store = agent_serves_store(environ)
     env = _slurm_master(env, environ, deadline)
     base = run_prefix(env, environ, generation)
     if env.master_addr is None or env.master_port is None:
         store, env, reach = _mpi_store(env, deadline, environ)
+        if store_ports is not None:
+            store_ports.add(int(env.master_port))
         keys = current_keys(store, base, served_here=env.rank == 0)
     else:
         if names_this_host(env.master_addr, socket.gethostname()):

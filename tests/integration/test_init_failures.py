@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
 import subprocess
 import time
 
 import pytest
 
-from tests.integration.workers.launch import ALLREDUCE, PYTHON, finish, free_port, rank_environ, start_ranks
+from tests.integration.workers.launch import (
+    ALLREDUCE, PYTHON, RUN_TIMEOUT, finish, free_port, rank_environ, start_ranks,
+)
+from tests.integration.workers.store_probe import wait_until_checked_in
 
 pytestmark = pytest.mark.integration
 
@@ -40,6 +45,26 @@ def test_a_whole_missing_node_is_named_by_the_master_nodes_ranks():
         assert result.returncode != 0
         assert "rank(s) 2-3 never arrived" in result.stderr, result.stderr
     assert time.monotonic() - started < 25
+
+
+def test_a_frozen_store_host_ends_the_other_ranks_in_bounded_time():
+    # Rank 0 (it serves the store) is frozen (SIGSTOP: Ctrl-Z, a debugger, a node swapping) after ranks 0 and 1
+    # checked in; rank 2 never comes. Once rank 1's wait for rank 2 times out, torch's store client waits
+    # without bound for the frozen store to acknowledge; slurmdist's watchdog cuts that connection.
+    port = free_port()
+    rank0, rank1 = start_ranks([0, 1], 3, port, SLURMDIST_INIT_TIMEOUT="10")
+    try:
+        wait_until_checked_in(port, rank_environ(0, 3, port), [0, 1], RUN_TIMEOUT)
+        os.kill(rank0.pid, signal.SIGSTOP)
+        [stuck] = finish([rank1])
+    finally:
+        os.kill(rank0.pid, signal.SIGCONT)
+    assert stuck.returncode != 0
+    assert f"the rendezvous store at 127.0.0.1:{port} stopped answering" in stuck.stderr, stuck.stderr
+    assert "frozen (SIGSTOP" in stuck.stderr
+    [woken] = finish([rank0])  # continued past its deadline: it fails too, bounded
+    assert woken.returncode != 0
+    assert "RendezvousError" in woken.stderr, woken.stderr
 
 
 def test_unresolvable_master_names_the_host():

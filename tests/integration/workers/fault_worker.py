@@ -1,12 +1,15 @@
 """A rank of a small gloo job that can be told to fail; every rank reports what happened to it as JSON.
 
-    python fault_worker.py OUT_DIR [--fault none|never-start|die|hang|die-in-rendezvous] [--victim RANK]
+    python fault_worker.py OUT_DIR [--fault none|never-start|die|hang|die-in-rendezvous|freeze-in-rendezvous]
+                                   [--victim RANK]
 
 Ranks other than the victim run slurmdist.init() and then all_reduce steps until --steps. The victim:
 - never-start: never calls init (as if its node never launched it), and leaves once the others reported;
 - die: exits abruptly (os._exit) after init, at step --at;
 - hang: stops taking part in collectives at step --at (alive, silent), and leaves once the others reported;
-- die-in-rendezvous: rank 0 hosting the store dies --at seconds into init() (use with --late RANK).
+- die-in-rendezvous: rank 0 hosting the store dies --at seconds into init() (use with --late RANK);
+- freeze-in-rendezvous: rank 0 hosting the store stops itself (SIGSTOP, as Ctrl-Z or a debugger would) once
+  every rank but the --late one checked in; a child forked beforehand kills it once the others reported.
 Each rank writes OUT_DIR/rank<R>.json: outcome, error type and message, wall-clock exit time, master port;
 the victim writes OUT_DIR/fault.json with the wall-clock time of the fault. Bounded everywhere: a rank that
 waits for the others gives up after --linger seconds.
@@ -17,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import threading
 import time
@@ -38,6 +42,25 @@ def others_reported(out: Path, world: int, me: int, linger: float) -> None:
         if all((out / f"rank{r}.json").exists() for r in range(world) if r != me):
             return
         time.sleep(0.1)
+
+
+def kill_once_others_reported(out: Path, world: int, me: int, linger: float) -> None:
+    """Fork a child that kills this process (stopped by then) once the other ranks reported."""
+    parent = os.getpid()
+    if os.fork() == 0:
+        others_reported(out, world, me, linger)
+        os.kill(parent, signal.SIGKILL)
+        os._exit(0)
+
+
+def freeze_once_checked_in(me, late: int, fault) -> None:
+    """In rank 0: stop this whole process once every rank but `late` checked in at its store."""
+    from store_probe import wait_until_checked_in  # a sibling of this script
+
+    others = [rank for rank in range(me.world_size) if rank != late]
+    wait_until_checked_in(me.master_port, os.environ, others, timeout=60)
+    fault()
+    os.kill(os.getpid(), signal.SIGSTOP)
 
 
 def main() -> int:
@@ -70,12 +93,16 @@ def main() -> int:
         timer = threading.Timer(args.at, lambda: (fault(), os._exit(17)))
         timer.daemon = True
         timer.start()
+    if victim and args.fault == "freeze-in-rendezvous":
+        kill_once_others_reported(args.out, me.world_size, me.rank, args.linger)
     if me.rank == args.late:
         time.sleep(args.delay)
 
     import torch
     import torch.distributed as dist
 
+    if victim and args.fault == "freeze-in-rendezvous":
+        threading.Thread(target=freeze_once_checked_in, args=(me, args.late, fault), daemon=True).start()
     try:
         env = slurmdist.init("gloo")
         report["master_port"] = env.master_port
