@@ -112,6 +112,9 @@ Recorder = Callable[..., None]
 @pytest.fixture
 def reliability_record(request: pytest.FixtureRequest) -> Recorder:
     """``record(case, inputs, fault, seconds, outcome, section=...)``: one row of docs/reliability.md."""
+    if os.environ.get(WRITE_VARIABLE) == "1" and os.environ.get("PYTEST_XDIST_WORKER"):
+        pytest.fail(f"{WRITE_VARIABLE}=1 writes {REPORT.name} from one process, and this is a pytest-xdist "
+                    "worker: run `make reliability` (or pytest without -n)", pytrace=False)
     manager = request.config.pluginmanager
     if not manager.has_plugin(PLUGIN_NAME):
         manager.register(ReportPlugin(), PLUGIN_NAME)

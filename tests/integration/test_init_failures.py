@@ -52,7 +52,7 @@ def test_a_frozen_store_host_ends_the_other_ranks_in_bounded_time():
     # checked in; rank 2 never comes. Once rank 1's wait for rank 2 times out, torch's store client waits
     # without bound for the frozen store to acknowledge; slurmdist's watchdog cuts that connection.
     port = free_port()
-    rank0, rank1 = start_ranks([0, 1], 3, port, SLURMDIST_INIT_TIMEOUT="10")
+    rank0, rank1 = start_ranks([0, 1], 3, port, SLURMDIST_INIT_TIMEOUT="6")
     try:
         wait_until_checked_in(port, rank_environ(0, 3, port), [0, 1], RUN_TIMEOUT)
         os.kill(rank0.pid, signal.SIGSTOP)
