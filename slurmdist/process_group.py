@@ -18,7 +18,7 @@ import time
 import traceback
 import warnings
 from datetime import timedelta
-from typing import Any, Iterator, List, Mapping, Optional, Set
+from typing import Any, Iterator, List, Mapping, Optional
 
 from . import backends, devices, interfaces, rendezvous
 from .detection import detect, is_own_srun_task
@@ -130,25 +130,25 @@ def _start_group(env: DistEnv, deadline: rendezvous.Deadline, environ: Mapping[s
         _choose_loopback(env, environ)
         _init_group(env, dist.HashStore(), "slurmdist/single", collective)
         return env
-    watchdog = StoreWatchdog(deadline.remaining() + WATCHDOG_GRACE, {env.master_port} if env.master_port else set())
+    if rendezvous.serves_store(env, environ):  # the store lives in this process: frozen, so is this rank
+        return _meet(env, deadline, environ, collective)
+    watchdog = StoreWatchdog(deadline.remaining() + WATCHDOG_GRACE, deadline.endpoints)
     try:
         with watchdog.running():
-            formed = _meet(env, deadline, environ, collective, watchdog.ports)
+            formed = _meet(env, deadline, environ, collective)
     except (rendezvous.RendezvousError, RuntimeError):
-        if not watchdog.fired:
+        if not watchdog.cut:
             raise
-        raise rendezvous.store_stopped_answering(env, deadline, watchdog.ports) from None
-    if watchdog.fired:  # it cut as the group formed: collectives work, new_group() on the store will not
-        log.warning("rank %d: the group formed only after the store watchdog cut the store's connections",
-                    env.rank)
+        raise rendezvous.store_stopped_answering(env, deadline) from None
+    if watchdog.cut:  # it cut as the group formed: nccl's first collective and new_group() would fail on it
+        dist.destroy_process_group()
+        raise rendezvous.store_stopped_answering(env, deadline)
     return formed
 
 
-def _meet(
-    env: DistEnv, deadline: rendezvous.Deadline, environ: Mapping[str, str], collective: timedelta, store_ports: Set[int]
-) -> DistEnv:
-    """Rendezvous at the store, then form the group on it. `store_ports` receives the store's port once known."""
-    meeting = rendezvous.connect(env, deadline, environ, _state["generation"], store_ports)
+def _meet(env: DistEnv, deadline: rendezvous.Deadline, environ: Mapping[str, str], collective: timedelta) -> DistEnv:
+    """Rendezvous at the store, then form the group on it."""
+    meeting = rendezvous.connect(env, deadline, environ, _state["generation"])
     env = meeting.env
     # gloo connects every pair inside init_process_group, and that wait is bounded by its timeout: letting it
     # overlap the arrival wait keeps the full-mesh setup off the critical path. Lazy backends (nccl, hccl)

@@ -62,6 +62,9 @@ class Deadline:
         self.seconds = seconds
         self.start = time.monotonic()
         self.end = self.start + seconds
+        # (IP, port) of every store this rendezvous joined: what the store watchdog cuts if a call to one
+        # outlives the deadline (see store_watchdog).
+        self.endpoints: Set[Tuple[str, int]] = set()
 
     def elapsed(self) -> float:
         """Seconds since the rendezvous began (past `seconds` when a step overran it)."""
@@ -419,6 +422,7 @@ def open_store(
                 raise port_in_use(port, where) from None
             raise RendezvousError(f"rank 0 cannot host the rendezvous store at {where}: {exc}") from None
     peer = wait_listening(host, port, deadline, world_size, candidates)
+    deadline.endpoints.add((peer, port))
     return _join_store(_dialable(peer, host), port, where, rank, world_size, deadline), peer
 
 
@@ -482,9 +486,14 @@ def _store_closed(exc: BaseException) -> bool:
     return isinstance(exc, network_error) if network_error is not None else not _is_timeout(exc)
 
 
-def store_stopped_answering(env: DistEnv, deadline: Deadline, ports: Set[int]) -> RendezvousError:
-    """The error of a rank whose store calls the watchdog had to cut (see store_watchdog)."""
-    where = hostport(env.master_addr, env.master_port) if env.master_port else f"port {min(ports, default='?')}"
+def serves_store(env: DistEnv, environ: Mapping[str, str]) -> bool:
+    """True in the process that hosts the rendezvous store itself: rank 0, unless an agent serves it."""
+    return env.rank == 0 and not agent_serves_store(environ)
+
+
+def store_stopped_answering(env: DistEnv, deadline: Deadline) -> RendezvousError:
+    """The error of a rank whose store connection the watchdog had to cut (see store_watchdog)."""
+    where = hostport(env.master_addr, env.master_port) if env.master_port else hostport(*min(deadline.endpoints))
     return RendezvousError(
         f"rank {env.rank}: the rendezvous store at {where} stopped answering (world size {env.world_size}): a "
         f"request to it was still unanswered {deadline.elapsed():.0f} s into the {deadline.seconds:.0f} s "
@@ -728,23 +737,14 @@ def agent_serves_store(environ: Mapping[str, str]) -> bool:
     return environ.get(AGENT_STORE_VARIABLE) == "True"
 
 
-def connect(
-    env: DistEnv,
-    deadline: Deadline,
-    environ: Mapping[str, str],
-    generation: int = 0,
-    store_ports: Optional[Set[int]] = None,
-) -> Rendezvous:
+def connect(env: DistEnv, deadline: Deadline, environ: Mapping[str, str], generation: int = 0) -> Rendezvous:
     """Resolve the master, open the store and check in (without waiting for the others). `generation`
-    counts the groups this process formed before (after `shutdown()`, `init()` meets under new keys).
-    `store_ports` receives a port learnt on the way (MPI), for the store watchdog."""
+    counts the groups this process formed before (after `shutdown()`, `init()` meets under new keys)."""
     agent_store = agent_serves_store(environ)
     env = _slurm_master(env, environ, deadline)
     base = run_prefix(env, environ, generation)
     if env.master_addr is None or env.master_port is None:
         store, env, reach = _mpi_store(env, deadline, environ)
-        if store_ports is not None:
-            store_ports.add(int(env.master_port))
         keys = current_keys(store, base, served_here=env.rank == 0)
     else:
         if names_this_host(env.master_addr, socket.gethostname()):

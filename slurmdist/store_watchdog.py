@@ -1,70 +1,93 @@
 """The last bound on a rendezvous: cut this process's connections to a store that stopped answering.
 
 torch's store client can block without end although every call got a timeout: when a `wait` times out it asks
-the store to cancel it and then waits for that reply with no bound. A store whose process is frozen (SIGSTOP,
-Ctrl-Z, a debugger), swapping, or behind a network partition never sends it, so the ranks that had joined hang
-inside `init_process_group()`. At the rendezvous deadline plus a grace, the watchdog shuts down every socket of
-this process connected to the store's port; the blocked call then fails at once and `init()` raises.
+the store to cancel it and then waits for that reply with no bound, and `add` or `get` on a store that accepted
+the request never return. A store whose process is frozen (SIGSTOP, Ctrl-Z, a debugger), swapping, or behind a
+network partition never replies, so the ranks that had joined hang inside `init_process_group()`. At the
+rendezvous deadline plus a grace, the watchdog shuts down this process's connections to the store's address and
+port (the endpoints the rendezvous registered on its `Deadline`); the blocked call then fails at once.
+
+Linux only (the open sockets are found through /proc/self/fd); elsewhere nothing is cut.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import os
 import socket
-import stat
 import threading
-from typing import Iterator, List, Optional, Set, Tuple
+from typing import Iterator, Optional, Set, Tuple
 
-# Where the open file descriptors of this process are listed (Linux, then the BSDs and macOS).
-FD_DIRS = ("/proc/self/fd", "/dev/fd")
-
-
-def open_fds() -> List[int]:
-    """This process's open file descriptors; empty where no fd directory exists (then nothing is cut)."""
-    for path in FD_DIRS:
-        with contextlib.suppress(OSError):
-            return [int(name) for name in os.listdir(path) if name.isdigit()]
-    return []
+FD_DIR = "/proc/self/fd"
+Endpoint = Tuple[str, int]  # (IP address, port)
 
 
-def peer_of(fd: int) -> Optional[Tuple[str, int]]:
-    """(address, port) a connected TCP socket talks to; None for anything else (files, listeners, closed)."""
+def normalized(address: str) -> str:
+    """One spelling per IP address: an IPv4-mapped IPv6 address (`::ffff:127.0.0.1`, as torch's IPv6
+    socket reports its peer) as IPv4, without a zone; a name unchanged."""
     try:
-        if not stat.S_ISSOCK(os.fstat(fd).st_mode):
-            return None
-        with socket.socket(fileno=os.dup(fd)) as sock:  # a duplicate: closing it leaves `fd` open
-            if sock.type != socket.SOCK_STREAM or sock.family not in (socket.AF_INET, socket.AF_INET6):
-                return None
-            address = sock.getpeername()
+        parsed = ipaddress.ip_address(address.split("%")[0])
+    except ValueError:
+        return address
+    mapped = getattr(parsed, "ipv4_mapped", None)
+    return str(mapped or parsed)
+
+
+def socket_fds() -> Iterator[int]:
+    """This process's open socket descriptors. Read from the fd links alone: an fstat() of a file on NFS or
+    Lustre can ask its server, which is what may be unreachable when the watchdog fires."""
+    try:
+        names = os.listdir(FD_DIR)
     except OSError:
-        return None
-    return address[0], address[1]
+        return
+    for name in names:
+        with contextlib.suppress(OSError, ValueError):
+            if os.readlink(os.path.join(FD_DIR, name)).startswith("socket:["):
+                yield int(name)
 
 
-def cut_connections(ports: Set[int]) -> int:
-    """Shut down (both directions) every TCP connection of this process whose remote port is in `ports`, so a
+def _cut_if_towards(fd: int, endpoints: Set[Endpoint]) -> bool:
+    """Shut down `fd` (both directions) when it is a TCP connection to one of `endpoints`. Checks and cuts
+    through one duplicate (a number closed and reused meanwhile is not cut by mistake), and leaves the
+    descriptor's blocking mode as it was (a Python socket object would make it non-blocking under
+    `socket.setdefaulttimeout()`, and the mode is shared with the original)."""
+    try:
+        duplicate = os.dup(fd)
+    except OSError:
+        return False
+    blocking = os.get_blocking(duplicate)
+    try:
+        with socket.socket(fileno=duplicate) as sock:
+            try:
+                if sock.type != socket.SOCK_STREAM or sock.family not in (socket.AF_INET, socket.AF_INET6):
+                    return False
+                peer = sock.getpeername()
+                if (normalized(peer[0]), peer[1]) not in endpoints:
+                    return False
+                sock.shutdown(socket.SHUT_RDWR)
+                return True
+            finally:
+                os.set_blocking(duplicate, blocking)
+    except OSError:
+        return False
+
+
+def cut_connections(endpoints: Set[Endpoint]) -> int:
+    """Shut down every TCP connection of this process to one of `endpoints` ((IP, port), any spelling), so a
     call blocked on one returns. The descriptors stay open for their owner to close. Returns how many."""
-    cut = 0
-    for fd in open_fds():
-        peer = peer_of(fd)
-        if peer is None or peer[1] not in ports:
-            continue
-        with contextlib.suppress(OSError), socket.socket(fileno=os.dup(fd)) as sock:
-            sock.shutdown(socket.SHUT_RDWR)
-            cut += 1
-    return cut
+    wanted = {(normalized(address), port) for address, port in endpoints}
+    return sum(_cut_if_towards(fd, wanted) for fd in socket_fds()) if wanted else 0
 
 
 class StoreWatchdog:
-    """Cuts the connections to the store's port(s) if the rendezvous is still running `seconds` after it
-    starts. `ports` can grow while it runs (an MPI launch learns its port from rank 0); `fired` says whether it
-    cut, so the caller can say why the store call failed (once `running()` has ended, it no longer changes)."""
+    """Cuts the connections to `endpoints` if the rendezvous is still running `seconds` after it starts.
+    `endpoints` is shared with the rendezvous, which adds a store's address once it dials it. `cut` says how
+    many connections it shut down (it no longer changes once `running()` has ended)."""
 
-    def __init__(self, seconds: float, ports: Optional[Set[int]] = None) -> None:
+    def __init__(self, seconds: float, endpoints: Optional[Set[Endpoint]] = None) -> None:
         self.seconds = seconds
-        self.ports: Set[int] = set(ports or ())
-        self.fired = False
+        self.endpoints: Set[Endpoint] = endpoints if endpoints is not None else set()
         self.cut = 0
         self._lock = threading.Lock()  # the rendezvous ending and the timer firing exclude each other
         self._over = False
@@ -75,8 +98,7 @@ class StoreWatchdog:
     def _fire(self) -> None:
         with self._lock:
             if not self._over:
-                self.fired = True
-                self.cut = cut_connections(self.ports)
+                self.cut = cut_connections(set(self.endpoints))
 
     @contextlib.contextmanager
     def running(self) -> Iterator["StoreWatchdog"]:

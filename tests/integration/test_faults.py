@@ -87,7 +87,7 @@ CASES = {
     # torch's store client waits for a frozen store without bound; init()'s watchdog cuts it WATCHDOG_GRACE
     # after the timeout. A rank that joins after the freeze meets a store that does not answer its handshake.
     "rank 0 (store host) frozen during the rendezvous (SIGSTOP)": (
-        ["--fault", "freeze-in-rendezvous", "--victim", "0", "--late", "3", "--delay", "4"], 0,
+        ["--fault", "freeze-in-rendezvous", "--victim", "0", "--late", "3"], 0,
         INIT_TIMEOUT + WATCHDOG_GRACE, ["stopped answering", "does not answer as a rendezvous store"]),
 }
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import time
@@ -9,20 +10,26 @@ from typing import Iterator, Tuple
 
 import pytest
 
-from slurmdist.store_watchdog import StoreWatchdog, cut_connections, peer_of
+from slurmdist.store_watchdog import StoreWatchdog, cut_connections, normalized, socket_fds
+from tests.conftest import missing_prerequisite
 
 BOUND = 30.0  # seconds: a bound on a hang, not a timing assertion
+pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="the watchdog reads /proc/self/fd (Linux)")
+
+
+def silent_connection(host: str = "127.0.0.1", port: int = 0) -> Iterator[Tuple[socket.socket, int]]:
+    with socket.create_server((host, port)) as listener:
+        port = listener.getsockname()[1]
+        with socket.create_connection((host, port)) as client:
+            accepted, _ = listener.accept()
+            with accepted:
+                yield client, port
 
 
 @pytest.fixture
 def silent_peer() -> Iterator[Tuple[socket.socket, int]]:
     """A connection to a listener that accepts and never sends (the frozen store), and the listener's port."""
-    with socket.create_server(("127.0.0.1", 0)) as listener:
-        port = listener.getsockname()[1]
-        with socket.create_connection(("127.0.0.1", port)) as client:
-            accepted, _ = listener.accept()
-            with accepted:
-                yield client, port
+    yield from silent_connection()
 
 
 def blocked_recv(sock: socket.socket) -> Tuple[threading.Thread, dict]:
@@ -41,66 +48,92 @@ def blocked_recv(sock: socket.socket) -> Tuple[threading.Thread, dict]:
     return thread, box
 
 
-def test_peer_of_names_the_remote_end_and_ignores_other_descriptors(silent_peer, tmp_path):
-    client, port = silent_peer
-    assert peer_of(client.fileno()) == ("127.0.0.1", port)
+def test_ipv4_mapped_and_zoned_addresses_have_one_spelling():
+    assert normalized("::ffff:127.0.0.1") == "127.0.0.1"  # how torch's IPv6 socket names an IPv4 peer
+    assert normalized("fe80::1%eth0") == "fe80::1"
+    assert normalized("10.0.0.7") == "10.0.0.7"
+    assert normalized("node1") == "node1"
+
+
+def test_only_sockets_are_listed(silent_peer, tmp_path):
+    client, _ = silent_peer
     with open(tmp_path / "file", "w") as plain:
-        assert peer_of(plain.fileno()) is None
-    with socket.create_server(("127.0.0.1", 0)) as listener:  # listening: no peer
-        assert peer_of(listener.fileno()) is None
-    assert client.fileno() >= 0  # peer_of looked through a duplicate and left the socket open
+        found = set(socket_fds())
+        assert client.fileno() in found
+        assert plain.fileno() not in found
 
 
-def test_cutting_ends_a_read_blocked_on_the_store_port(silent_peer):
+def test_cutting_ends_a_read_blocked_on_the_store(silent_peer):
     client, port = silent_peer
     thread, box = blocked_recv(client)
-    assert cut_connections({port}) == 1
+    assert cut_connections({("::ffff:127.0.0.1", port)}) == 1  # any spelling of the address
     thread.join(BOUND)
     assert not thread.is_alive()
     assert box.get("data") == b"" or "error" in box  # end of stream (or reset), not a hang
     assert client.fileno() >= 0  # shut down, not closed: its owner closes it
 
 
-def test_connections_to_other_ports_are_left_alone(silent_peer):
+def test_the_same_port_on_another_address_is_left_alone(silent_peer):
     client, port = silent_peer
-    thread, box = blocked_recv(client)
-    assert cut_connections({port + 1 if port < 65535 else port - 1}) == 0
+    try:
+        other = silent_connection("127.0.0.2", port)  # a user's connection to another host, same port number
+        other_client, _ = next(other)
+    except OSError as exc:
+        missing_prerequisite(f"no second loopback address (127.0.0.2) here: {exc}")
+    thread, _ = blocked_recv(other_client)
+    assert cut_connections({("127.0.0.1", port)}) == 1  # the store's connection only
     thread.join(0.2)
-    assert thread.is_alive()  # still waiting: this connection was not the store's
-    cut_connections({port})
+    assert thread.is_alive()
+    assert cut_connections({("127.0.0.2", port)}) == 1
     thread.join(BOUND)
-    assert not thread.is_alive()
+    other.close()
+
+
+def test_cutting_keeps_every_socket_blocking_under_a_default_timeout(silent_peer):
+    # socket.socket(fileno=...) makes a descriptor non-blocking when setdefaulttimeout() is set, and a duplicate
+    # shares that flag with the original: the user's sockets must not change mode under them.
+    client, port = silent_peer
+    previous = socket.getdefaulttimeout()
+    socket.setdefaulttimeout(5.0)
+    try:
+        cut_connections({("127.0.0.1", port + 1 if port < 65535 else port - 1)})  # looks at every socket
+        assert os.get_blocking(client.fileno())
+        cut_connections({("127.0.0.1", port)})
+        assert os.get_blocking(client.fileno())
+    finally:
+        socket.setdefaulttimeout(previous)
 
 
 def test_watchdog_cuts_only_when_the_rendezvous_outlives_it(silent_peer):
     client, port = silent_peer
     thread, _ = blocked_recv(client)
-    watchdog = StoreWatchdog(0.2, {port})
+    watchdog = StoreWatchdog(0.2, {("127.0.0.1", port)})
     with watchdog.running():
         thread.join(BOUND)  # the rendezvous blocked on the store, as in init()
-    assert watchdog.fired and watchdog.cut == 1
+    assert watchdog.cut == 1
     assert not thread.is_alive()
 
 
 def test_a_rendezvous_that_ends_in_time_is_never_cut(silent_peer):
     client, port = silent_peer
-    watchdog = StoreWatchdog(0.2, {port})
+    watchdog = StoreWatchdog(0.2, {("127.0.0.1", port)})
     with watchdog.running():
         pass
     time.sleep(0.4)  # past the watchdog's time: it was cancelled
-    assert not watchdog.fired
+    assert watchdog.cut == 0
     thread, _ = blocked_recv(client)
     thread.join(0.2)
     assert thread.is_alive()  # the connection still works (nothing shut it)
-    cut_connections({port})
+    cut_connections({("127.0.0.1", port)})
     thread.join(BOUND)
 
 
-def test_ports_learnt_while_running_are_watched(silent_peer):
+def test_endpoints_registered_while_running_are_watched(silent_peer):
     client, port = silent_peer
     thread, _ = blocked_recv(client)
-    watchdog = StoreWatchdog(0.2)
+    endpoints: set = set()
+    watchdog = StoreWatchdog(0.2, endpoints)
     with watchdog.running():
-        watchdog.ports.add(port)  # an MPI launch learns the store's port from rank 0 during the rendezvous
+        endpoints.add(("127.0.0.1", port))  # the rendezvous dials the store after the watchdog started
         thread.join(BOUND)
-    assert watchdog.fired and watchdog.cut == 1
+    assert watchdog.cut == 1

@@ -9,7 +9,8 @@ Ranks other than the victim run slurmdist.init() and then all_reduce steps until
 - hang: stops taking part in collectives at step --at (alive, silent), and leaves once the others reported;
 - die-in-rendezvous: rank 0 hosting the store dies --at seconds into init() (use with --late RANK);
 - freeze-in-rendezvous: rank 0 hosting the store stops itself (SIGSTOP, as Ctrl-Z or a debugger would) once
-  every rank but the --late one checked in; a child forked beforehand kills it once the others reported.
+  every rank but the --late one checked in (which starts init() only then); a child forked beforehand kills
+  it once the others reported.
 Each rank writes OUT_DIR/rank<R>.json: outcome, error type and message, wall-clock exit time, master port;
 the victim writes OUT_DIR/fault.json with the wall-clock time of the fault. Bounded everywhere: a rank that
 waits for the others gives up after --linger seconds.
@@ -42,6 +43,13 @@ def others_reported(out: Path, world: int, me: int, linger: float) -> None:
         if all((out / f"rank{r}.json").exists() for r in range(world) if r != me):
             return
         time.sleep(0.1)
+
+
+def wait_for(path: Path, linger: float) -> None:
+    """Wait (bounded) until `path` exists."""
+    end = time.monotonic() + linger
+    while not path.exists() and time.monotonic() < end:
+        time.sleep(0.05)
 
 
 def kill_once_others_reported(out: Path, world: int, me: int, linger: float) -> None:
@@ -95,7 +103,9 @@ def main() -> int:
         timer.start()
     if victim and args.fault == "freeze-in-rendezvous":
         kill_once_others_reported(args.out, me.world_size, me.rank, args.linger)
-    if me.rank == args.late:
+    if me.rank == args.late and args.fault == "freeze-in-rendezvous":
+        wait_for(args.out / "fault.json", args.linger)  # join a store that is frozen already
+    elif me.rank == args.late:
         time.sleep(args.delay)
 
     import torch
