@@ -214,7 +214,7 @@ class Preemption:
             return
         if self.ending:
             log.warning("slurmdist: checkpoint saved; not requeued by slurmdist, since Slurm is ending the job")
-            _exit_now(ENDED_EXIT_STATUS)
+            exit_without_result(ENDED_EXIT_STATUS)
         environ = os.environ if environ is None else environ
         decision = plan(environ, self.max_requeues)
         if decision.action is Action.GIVE_UP:
@@ -270,7 +270,7 @@ def _restart_local_job() -> None:
         os.kill(os.getppid(), signal.SIGTERM)
     except OSError:  # pragma: no cover - the controller is gone; the exit status still asks for a restart
         pass
-    _exit_now(LOCAL_REQUEUE_EXIT_CODE)
+    exit_without_result(LOCAL_REQUEUE_EXIT_CODE)
 
 
 def _wait_to_be_ended(timeout: float) -> None:
@@ -280,10 +280,10 @@ def _wait_to_be_ended(timeout: float) -> None:
     while time.monotonic() < deadline:
         time.sleep(0.2)
     log.warning("slurmdist: still running %.0fs after the requeue; exiting", timeout)
-    _exit_now(LOCAL_REQUEUE_EXIT_CODE)
+    exit_without_result(LOCAL_REQUEUE_EXIT_CODE)
 
 
-def _exit_now(status: int) -> None:
+def exit_without_result(status: int) -> None:
     """End this process without unwinding: nothing may report the ended run as the job's result (submitit
     would write one)."""
     sys.stdout.flush()

@@ -19,19 +19,25 @@ Importing this module imports neither submitit nor torch; the executor is built 
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import math
 import os
 import re
 import shlex
 import shutil
 import subprocess
+import threading
 import time
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 from .errors import SlurmdistError
-from .requeue import RequeueError, Resumable, parse_signal, slurm_name
+from .requeue import ENDED_EXIT_STATUS, RequeueError, Resumable, exit_without_result, parse_signal, slurm_name
+
+log = logging.getLogger("slurmdist")
 
 __all__ = [
     "Submitter", "Resources", "Command", "Resumable", "SubmitError", "JobFailedError", "JobTimeoutError",
@@ -45,6 +51,26 @@ SIGNAL_EARLY = 60  # seconds Slurm may send the warning ahead of the asked time 
 SLURM_CALL_TIMEOUT = 15.0  # seconds for one squeue/sacct call
 SUBMIT_TIMEOUT = 120.0  # seconds for a submission (sbatch answers in well under a second on a healthy cluster)
 RESULT_GRACE = 5.0  # seconds to wait for result files after Slurm says the job ended (shared file systems lag)
+# After COMPLETED every task returned, so its result file will appear: wait for a lagging shared file system.
+COMPLETED_RESULT_GRACE = 30.0
+# A result file older than the current run's start (minus this, for clocks that differ a little) was written
+# by the run before a requeue.
+CLOCK_SLACK = 1.0
+
+# Variables that describe the launch the submitting process itself runs in (a notebook inside a Slurm job,
+# under torchrun or mpirun). sbatch passes the whole environment on, so every task of the new job would read
+# them as its own: each would train alone as rank 0 of RANK/WORLD_SIZE, or srun would take the old job's
+# layout. They are hidden during submission. SLURM_CONF (which cluster), SBATCH_* (sbatch's own settings) and
+# SLURMDIST_* (this library's settings) are kept.
+LAUNCH_PREFIXES = (
+    "SLURM_", "SLURMD_", "SRUN_", "OMPI_COMM_WORLD_", "PMIX_", "PMI_", "MV2_COMM_WORLD_", "PALS_", "JSM_NAMESPACE_",
+    "FLUX_TASK_", "FLUX_JOB_", "TORCHELASTIC_", "SUBMITIT_",
+)
+LAUNCH_NAMES = frozenset({
+    "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",
+    "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT", "MPI_LOCALRANKID", "MPI_LOCALNRANKS",
+})
+KEPT_VARIABLES = frozenset({"SLURM_CONF"})
 
 # Job states after which nothing more happens (a requeued job is PENDING/REQUEUED again, not PREEMPTED).
 FINISHED_STATES = frozenset({
@@ -209,10 +235,25 @@ def _check_sbatch_options(options: Mapping[str, Any]) -> None:
             raise SubmitError(f"sbatch option {key}={value!r}: the value must be one line of text, a number or True")
 
 
+def signal_variables(resources: Resources) -> Dict[str, str]:
+    """The variables that make the job's submitit and slurmdist agree on the requeue signal."""
+    name = slurm_name(parse_signal(resources.signal))
+    return {"SLURMDIST_REQUEUE_SIGNAL": name, "SUBMITIT_PREEMPT_SIGNAL": name}
+
+
 def environment_lines(resources: Resources) -> List[str]:
-    """Shell lines that make the job's submitit and slurmdist agree on the requeue signal."""
-    name = shlex.quote(slurm_name(parse_signal(resources.signal)))
-    return [f"export SLURMDIST_REQUEUE_SIGNAL={name}", f"export SUBMITIT_PREEMPT_SIGNAL={name}"]
+    """Shell lines run in the batch script before srun: the signal variables and, for Slurm 22.05-23.02,
+    `SRUN_CPUS_PER_TASK` (srun there no longer takes --cpus-per-task from the job: each task would get one CPU)."""
+    lines = [f"export {key}={shlex.quote(value)}" for key, value in signal_variables(resources).items()]
+    if resources.cpus_per_task:
+        lines.append("if [ -n \"${SLURM_CPUS_PER_TASK:-}\" ]; then export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK; fi")
+    return lines
+
+
+def launch_variables(environ: Mapping[str, str]) -> List[str]:
+    """The names in `environ` that describe the submitting process's own launch (see LAUNCH_PREFIXES)."""
+    return sorted(name for name in environ if name not in KEPT_VARIABLES
+                  and (name in LAUNCH_NAMES or name.startswith(LAUNCH_PREFIXES)))
 
 
 def slurm_parameters(resources: Resources) -> Dict[str, Any]:
@@ -248,7 +289,9 @@ def local_parameters(resources: Resources) -> Dict[str, Any]:
         "tasks_per_node": resources.world_size,
         "timeout_min": parse_time(resources.time),
         "signal_delay_s": resources.signal_delay,
-        "setup": [*environment_lines(resources), *resources.setup],
+        # The signal variables go through the environment (see `Submitter`): with setup lines submitit starts
+        # its controller through `sh -c`, and where sh is bash the controller then misreads its job id.
+        "setup": list(resources.setup),
     }
     if resources.gpus_per_node:
         params["gpus_per_node"] = resources.nodes * resources.gpus_per_node
@@ -296,6 +339,11 @@ class Command:
         finally:
             signals.signal(sig, previous)
             signals.signal(signals.SIGTERM, previous_term)
+        if code in (-signals.SIGTERM, ENDED_EXIT_STATUS):
+            # Slurm ended the job (preemption, scancel, the time limit): this run has no result. Raising would
+            # make submitit write the error as the job's result, which `results()` would read after a requeue
+            # before the new run replaced it; Slurm's state says what happened.
+            exit_without_result(ENDED_EXIT_STATUS)
         if code != 0:
             raise RuntimeError(f"command {exit_text(code)}: {shlex.join(self.argv)}")
         return code
@@ -353,7 +401,7 @@ class Submitter:
     def submit(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Run ``fn(*args, **kwargs)`` in every task of one job; returns the submitit job."""
         executor = self.executor  # first: without submitit, its error says what to install
-        return _submitting(lambda: executor.submit(fn, *args, **kwargs))
+        return _submitting(lambda: executor.submit(fn, *args, **kwargs), signal_variables(self.resources))
 
     def submit_command(self, argv: Sequence[str], cwd: Union[str, os.PathLike, None] = None) -> Any:
         """Run a command (``["python", "train.py", "--steps", "100"]``) in every task; no shell is involved."""
@@ -366,7 +414,7 @@ class Submitter:
         """A job array, one job per ``fn(*args)`` for args in ``zip(*iterables)``: a sweep. Each element is a
         whole distributed job with these resources."""
         executor = self.executor
-        return _submitting(lambda: executor.map_array(fn, *iterables))
+        return _submitting(lambda: executor.map_array(fn, *iterables), signal_variables(self.resources))
 
 
 def build_executor(resources: Resources, cluster: str, folder: Path, python: Optional[str] = None) -> Any:
@@ -384,14 +432,38 @@ def build_executor(resources: Resources, cluster: str, folder: Path, python: Opt
     return executor
 
 
-def _submitting(submit: Callable[[], Any]) -> Any:
-    """Run a submission with a bound, and turn submitit's failures (sbatch's message) into a SubmitError.
+_ENVIRON_LOCK = threading.Lock()  # one submission at a time changes os.environ
+
+
+@contextlib.contextmanager
+def job_environment(extra: Mapping[str, str]) -> Iterator[None]:
+    """os.environ as a new job should inherit it, for the length of one submission: without the submitting
+    process's own launch variables (`launch_variables`), with `extra`. submitit runs sbatch (and its local
+    controller) with this process's environment and offers no other way, so it is changed in place and
+    restored afterwards, as submitit's own `clean_env()` does."""
+    with _ENVIRON_LOCK:
+        hidden = launch_variables(os.environ)
+        saved = {name: os.environ[name] for name in [*hidden, *extra] if name in os.environ}
+        if hidden:
+            log.info("not passed to the job (they describe this process's own launch): %s", ", ".join(hidden))
+        for name in hidden:
+            del os.environ[name]
+        os.environ.update(extra)
+        try:
+            yield
+        finally:
+            for name in extra:
+                os.environ.pop(name, None)
+            os.environ.update(saved)
+
+
+def _submitting(submit: Callable[[], Any], environment: Mapping[str, str]) -> Any:
+    """Run a submission with a bound, in the job's environment (`job_environment`), and turn submitit's
+    failures (sbatch's message) into a SubmitError.
 
     submitit calls sbatch without a timeout, so a slurmctld that does not answer would hang the caller; the
     submission runs in a thread that is given up on after SUBMIT_TIMEOUT (sbatch itself may still finish).
     """
-    import threading
-
     from submitit.core.utils import FailedJobError, FailedSubmissionError
 
     outcome: Dict[str, Any] = {}
@@ -403,8 +475,10 @@ def _submitting(submit: Callable[[], Any]) -> Any:
             outcome["error"] = error
 
     worker = threading.Thread(target=run, name="slurmdist-submit", daemon=True)
-    worker.start()
-    worker.join(SUBMIT_TIMEOUT)
+    # Changed and restored by this thread, within the bound: sbatch took its copy when it started.
+    with job_environment(environment):
+        worker.start()
+        worker.join(SUBMIT_TIMEOUT)
     if worker.is_alive():
         raise SubmitError(
             f"sbatch did not answer within {SUBMIT_TIMEOUT:.0f} s: slurmctld may be down or overloaded "
@@ -475,10 +549,11 @@ def wait(job: Any, timeout: float, *, poll: float = 1.0,
     while True:
         state = job_state(job)
         # Every task reported but Slurm has not caught up (the step is completing): trust the results soon. Only
-        # while the job runs: one queued again after a requeue may hold result files of the run before.
+        # while the job runs, and only files written since this run started: a job requeued (and running again)
+        # may hold result files of the run before.
         if state not in RESULTS_AHEAD_STATES:
             written_at = None
-        elif written_at is None and _all_results_written(job):
+        elif written_at is None and _all_results_written(job) and _written_by_this_run(job):
             written_at = time.monotonic()
         if written_at is not None and time.monotonic() - written_at > RESULT_GRACE:
             state = "COMPLETED"
@@ -499,7 +574,7 @@ def results(job: Any, timeout: float, *, poll: float = 1.0) -> List[Any]:
     """Every task's return value, once the job ended. Raises `JobFailedError` with the first failing
     task's remote traceback, or with Slurm's state and the log's last lines when no task could report."""
     state = wait(job, timeout, poll=poll)
-    outcomes = _read_outcomes(job, grace=0.0 if state == "COMPLETED" else RESULT_GRACE)
+    outcomes = _read_outcomes(job, grace=result_grace(job, state))
     failed = [task for task, (outcome, _) in enumerate(outcomes) if outcome == "error"]
     if failed:
         # The first task to fail is the cause; the others usually failed because it left their collectives.
@@ -531,8 +606,43 @@ def _task_paths(job: Any, task: int) -> Tuple[Path, Path]:
     return paths.stdout, paths.stderr
 
 
+def result_grace(job: Any, state: str) -> float:
+    """Seconds to wait for missing result files once the job ended: none on this machine; after COMPLETED
+    (every task returned, so they will appear) long enough for a lagging shared file system; after a failure,
+    a little (the tasks that failed may never write one)."""
+    if is_local(job):
+        return 0.0
+    return COMPLETED_RESULT_GRACE if state == "COMPLETED" else RESULT_GRACE
+
+
 def _all_results_written(job: Any) -> bool:
     return all(task.paths.result_pickle.exists() for task in _tasks(job))
+
+
+def _written_by_this_run(job: Any) -> bool:
+    """Whether every result file is at least as new as the job's current run (True when that is unknown)."""
+    started = None if is_local(job) else run_start(job.job_id)
+    if started is None:
+        return True
+    try:
+        return all(task.paths.result_pickle.stat().st_mtime >= started - CLOCK_SLACK for task in _tasks(job))
+    except OSError:  # a file replaced or removed meanwhile: look again at the next poll
+        return False
+
+
+def run_start(job_id: str, environ: Optional[Mapping[str, str]] = None) -> Optional[float]:
+    """When the job's current run started (seconds since the epoch), from squeue; None when unknown."""
+    return parse_start(_slurm_query(["squeue", "-h", "-j", job_id, "-o", "%S"], environ))
+
+
+def parse_start(output: str) -> Optional[float]:
+    """squeue's StartTime ('2026-11-22T03:50:01', in this machine's time zone) as epoch seconds; None for
+    'N/A', 'Unknown' or nothing."""
+    lines = output.strip().splitlines()
+    try:
+        return datetime.fromisoformat(lines[0].strip()).timestamp() if lines else None
+    except ValueError:
+        return None
 
 
 def _read_outcomes(job: Any, grace: float) -> List[Tuple[Optional[str], Any]]:

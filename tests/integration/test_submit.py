@@ -80,14 +80,19 @@ def reference(cluster, tmp_path_factory) -> Dict[str, Dict]:
 # --- tests ---------------------------------------------------------------------------------------------------
 
 
-def test_python_submission_trains_like_srun(cluster, example, reference, tmp_path):
+def test_python_submission_trains_like_srun(cluster, example, reference, tmp_path, monkeypatch):
     from slurmdist.submit import Submitter, results
 
+    expected = reference(2, 2, 40)["checksum"]  # before the variables below, which would reach its srun
+    # Submitted from a process that runs under torchrun itself (a notebook in a job): none of that may reach
+    # the tasks, or each would train alone as rank 0 of world 1.
+    for key, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_PORT": "29500"}.items():
+        monkeypatch.setenv(key, value)
     submitter = Submitter(nodes=2, tasks_per_node=2, time=5, folder=tmp_path / "%j")
     job = submitter.submit(example.Train(["--steps", "40"], str(tmp_path / "ckpt.pt")))
     outcome = results(job, timeout=TIMEOUT)
     assert len(outcome) == 4 and all(r["launcher"] == "slurm" and r["world_size"] == 4 for r in outcome)
-    assert {r["checksum"] for r in outcome} == {reference(2, 2, 40)["checksum"]}
+    assert {r["checksum"] for r in outcome} == {expected}
     assert outcome[0]["restarts"] == 0 and outcome[0]["resumed_from_step"] == 0
 
 
@@ -183,7 +188,7 @@ def test_a_preempted_job_saves_on_sigterm_is_requeued_by_slurm_and_resumes(clust
 
 
 REQUEUEING_COMMAND = """
-import os, time
+import os, sys, time
 import slurmdist.requeue
 preemption = slurmdist.requeue.install()
 restarts = os.environ.get("SLURM_RESTART_COUNT", "0")
@@ -194,6 +199,8 @@ if restarts == "0":
         time.sleep(0.1)
     preemption.requeue()  # rank 0 requeues and waits to be ended; the others go on until Slurm ends them
     time.sleep(100)
+else:
+    time.sleep(float(sys.argv[1]) if len(sys.argv) > 1 else 0)  # the requeued run's training
 print("finished after", restarts, "requeue(s)", flush=True)
 """
 
@@ -212,6 +219,25 @@ def test_a_submitted_command_that_requeues_itself_ends_with_its_requeued_run(clu
     assert "finished after 1 requeue(s)" in job.paths.stdout.read_text()
     history = run_history(cluster, job.job_id)
     assert history == ["REQUEUED", "COMPLETED"]
+
+
+def test_a_preempted_command_leaves_no_result_that_passes_for_the_requeued_runs(cluster, tmp_path):
+    # Preempted (SIGTERM, no warning), the command saves and exits 143. The task around it used to raise
+    # "command exited with status 143", which submitit wrote as the job's result: once the requeued run was
+    # RUNNING, results() read that file and reported the job failed while it was still training.
+    from slurmdist.submit import Submitter, results
+
+    script = tmp_path / "requeueing.py"
+    script.write_text(REQUEUEING_COMMAND)  # after a SIGTERM with no warning, requeue() saves and exits 143
+    # The requeued run trains longer than the wait trusts result files it sees while the job runs (RESULT_GRACE).
+    job = Submitter(nodes=1, tasks_per_node=1, time=5, folder=tmp_path / "%j").submit_command(
+        [PYTHON, str(script), "10"])
+    wait_for_line(job.paths.stdout, "run 0")
+    cluster.run(["sbatch", "--partition=urgent", "--nodes=2", "--exclusive", f"--output={tmp_path / 'urgent.out'}",
+                 "--wrap=sleep 1"])
+    assert results(job, timeout=TIMEOUT) == [0]
+    assert "finished after 1 requeue(s)" in job.paths.stdout.read_text()
+    assert run_history(cluster, job.job_id) == ["PREEMPTED", "COMPLETED"]
 
 
 def test_remote_traceback_reaches_the_caller(cluster, tmp_path):

@@ -239,3 +239,108 @@ def test_a_submission_that_sbatch_never_answers_fails_within_its_bound(tmp_path,
     with pytest.raises(SubmitError, match=r"sbatch did not answer within 1 s.*squeue --me"):
         submitter.submit(print)
     assert time.monotonic() - started < 10
+
+
+def test_the_submitting_process_launch_is_not_passed_to_the_job():
+    from slurmdist.submit import launch_variables
+
+    environ = {
+        "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "h", "TORCHELASTIC_RUN_ID": "x",
+        "SLURM_JOB_ID": "7", "SLURM_CPUS_PER_TASK": "4", "SRUN_CPUS_PER_TASK": "4", "OMPI_COMM_WORLD_RANK": "0",
+        "PMI_RANK": "0", "SUBMITIT_EXECUTOR": "slurm",
+        # kept: which cluster, sbatch's and slurmdist's own settings, everything else
+        "SLURM_CONF": "/etc/slurm/slurm.conf", "SBATCH_ACCOUNT": "proj", "SLURMDIST_INIT_TIMEOUT": "60",
+        "OMPI_MCA_btl": "^ofi", "PATH": "/usr/bin", "RANKING": "x",
+    }
+    assert launch_variables(environ) == sorted([
+        "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID",
+        "SLURM_CPUS_PER_TASK", "SRUN_CPUS_PER_TASK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SUBMITIT_EXECUTOR",
+    ])
+
+
+def test_job_environment_hides_the_launch_and_restores_it(monkeypatch):
+    import os
+
+    from slurmdist.submit import job_environment
+
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("SLURM_CONF", "/x/slurm.conf")
+    monkeypatch.setenv("SLURMDIST_REQUEUE_SIGNAL", "TERM")
+    with job_environment({"SLURMDIST_REQUEUE_SIGNAL": "USR2"}):
+        assert "RANK" not in os.environ
+        assert os.environ["SLURM_CONF"] == "/x/slurm.conf"
+        assert os.environ["SLURMDIST_REQUEUE_SIGNAL"] == "USR2"
+    assert (os.environ["RANK"], os.environ["SLURMDIST_REQUEUE_SIGNAL"]) == ("3", "TERM")
+
+
+def test_cpus_per_task_reaches_srun_through_the_batch_script():
+    # srun in Slurm 22.05-23.02 no longer reads --cpus-per-task from the job; the script must hand it on.
+    from slurmdist.submit import environment_lines
+
+    lines = environment_lines(Resources(cpus_per_task=3))
+    script = "\n".join([*lines, 'echo "$SRUN_CPUS_PER_TASK"'])
+    out = subprocess.run(["bash", "-c", script], env={"SLURM_CPUS_PER_TASK": "3", "PATH": "/usr/bin:/bin"},
+                         capture_output=True, text=True, timeout=30, check=True)
+    assert out.stdout.strip() == "3"
+    assert not any("SRUN_CPUS_PER_TASK" in line for line in environment_lines(Resources()))
+
+
+def test_local_jobs_start_their_controller_without_a_shell():
+    # submitit runs setup lines through `sh -c`; where sh is bash its controller then takes the wrong job id.
+    assert local_parameters(Resources())["setup"] == []
+    assert local_parameters(Resources(setup=["echo hi"]))["setup"] == ["echo hi"]
+
+
+@pytest.mark.parametrize("output, parsed", [
+    ("2026-11-22T03:50:01\n", __import__("datetime").datetime(2026, 11, 22, 3, 50, 1).timestamp()),
+    ("N/A\n", None), ("Unknown\n", None), ("", None),
+])
+def test_parse_start(output, parsed):
+    from slurmdist.submit import parse_start
+
+    assert parse_start(output) == parsed
+
+
+@pytest.mark.parametrize("started_after_the_files, ends", [(True, False), (False, True)])
+def test_result_files_from_before_the_current_run_do_not_end_the_wait(tmp_path, monkeypatch,
+                                                                       started_after_the_files, ends):
+    # A requeued job RUNNING again may hold the files its run before wrote (a task that returned or raised).
+    import time
+
+    import slurmdist.submit as submit
+
+    monkeypatch.setattr(submit, "RESULT_GRACE", 0.2)
+    monkeypatch.setattr(submit, "job_state", lambda job: "RUNNING")
+    job = FinishedTasks(tmp_path)
+    written = job.task(0).paths.result_pickle.stat().st_mtime
+    start = written + 60 if started_after_the_files else written - 60
+    monkeypatch.setattr(submit, "run_start", lambda job_id: start)
+    if ends:
+        assert submit.wait(job, timeout=30, poll=0.05) == "COMPLETED"
+    else:
+        began = time.monotonic()
+        with pytest.raises(submit.JobTimeoutError, match="job 42 still RUNNING"):
+            submit.wait(job, timeout=1, poll=0.05)
+        assert time.monotonic() - began >= 1  # it waited for the new run, not for the old files
+
+
+def test_a_command_ended_by_slurms_sigterm_leaves_no_result():
+    # SIGTERM (preemption, scancel, the time limit) kills the command: the task exits 143 without raising,
+    # so submitit writes no result that a requeued run could be mistaken for.
+    proc = subprocess.run([sys.executable, "-c", COMMAND_UNDER_SUBMITIT, "sh", "-c", "kill -TERM $$"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 143, proc.stderr
+    assert "command" not in proc.stderr  # nothing raised
+    proc = subprocess.run([sys.executable, "-c", COMMAND_UNDER_SUBMITIT, "sh", "-c", "exit 143"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 143, proc.stderr  # what slurmdist.requeue exits with after saving on SIGTERM
+
+
+def test_results_wait_longer_for_the_files_of_a_completed_job():
+    from types import SimpleNamespace
+
+    from slurmdist.submit import COMPLETED_RESULT_GRACE, RESULT_GRACE, result_grace
+
+    slurm_job = SimpleNamespace()
+    assert result_grace(slurm_job, "COMPLETED") == COMPLETED_RESULT_GRACE > RESULT_GRACE
+    assert result_grace(slurm_job, "FAILED") == RESULT_GRACE
