@@ -143,7 +143,7 @@ def command_variables(env: DistEnv) -> Dict[str, str]:
 def _run(args: argparse.Namespace) -> int:
     from . import store_host
     from .detection import detect
-    from .rendezvous import AGENT_STORE_VARIABLE, RESTART_COUNT_VARIABLE, resolve_master
+    from .rendezvous import AGENT_STORE_VARIABLE, RESTART_COUNT_VARIABLE, init_timeout, resolve_master
 
     command = list(args.command)
     if command and command[0] == "--":
@@ -159,7 +159,8 @@ def _run(args: argparse.Namespace) -> int:
     child_env.update(command_variables(env))
     if args.store and store_host.wanted(env, os.environ):
         if env.rank == 0:
-            store_host.start(store_host.listen(env.master_port), env.world_size)
+            store_host.start(store_host.listen(env.master_port), env.world_size,
+                             init_timeout(args.timeout, os.environ))
         child_env[AGENT_STORE_VARIABLE] = "True"
         # Older torch releases read the agent's restart count next to that switch and fail without it.
         child_env.setdefault(RESTART_COUNT_VARIABLE, "0")

@@ -194,6 +194,16 @@ def names_this_host(host: str, hostname: str) -> bool:
     return bool(own) and (bare in (own, own_short) or (own == own_short and bare.split(".")[0] == own))
 
 
+def _conf_node_addr(node: str, environ: Mapping[str, str], timeout: float) -> Optional[str]:
+    """`slurm_conf.read_node_addr`, bounded: slurm.conf often lives on a shared file system that can stall."""
+    try:
+        return _call_with_timeout(lambda: slurm_conf.read_node_addr(node, environ), timeout, "slurm.conf-read")
+    except TimeoutError:
+        log.warning("reading slurm.conf (%s) took longer than %.1f s; asking scontrol for %s's NodeAddr",
+                    environ.get("SLURM_CONF") or slurm_conf.DEFAULT_PATH, timeout, node)
+        return None
+
+
 def resolve_host(host: str, environ: Mapping[str, str], timeout: float = 10.0) -> str:
     """A master host that resolves: the name itself, else Slurm's NodeAddr for it (from the node's slurm.conf
     when it says so plainly, else `scontrol show node`), else a `RendezvousError`. `timeout` bounds it all."""
@@ -204,7 +214,9 @@ def resolve_addresses(host: str, environ: Mapping[str, str], timeout: float = 10
     """`resolve_host`, and the addresses the answer resolved to: whoever connects next needs no second lookup."""
     bare = strip_brackets(host)
     deadline = Deadline(timeout)
-    found = addresses(bare, deadline.remaining())
+    # The name lookup gets half of the bound at most: a name server that never answers must leave time to ask
+    # Slurm for the NodeAddr.
+    found = addresses(bare, deadline.at_most(timeout / 2))
     if found:
         return bare, found
 
@@ -213,7 +225,7 @@ def resolve_addresses(host: str, environ: Mapping[str, str], timeout: float = 10
             return []
         return addresses(node_addr, deadline.remaining())
 
-    conf_addr = slurm_conf.read_node_addr(bare, environ)
+    conf_addr = _conf_node_addr(bare, environ, deadline.at_most(timeout / 4))
     found = usable(conf_addr)
     if found:
         log.debug("master %s does not resolve; using its NodeAddr %s from slurm.conf", bare, conf_addr)

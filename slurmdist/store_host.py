@@ -31,7 +31,7 @@ from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
 from .distenv import LOOPBACK, DistEnv
 from .errors import RendezvousError
-from .rendezvous import agent_serves_store, port_in_use
+from .rendezvous import DEFAULT_TIMEOUT, agent_serves_store, port_in_use
 
 PID_POLL = 0.2  # seconds between checks that the command is still running, where there is no pidfd
 LEFT_TO_THE_COMMAND = ("SIGINT", "SIGTERM", "SIGHUP", "SIGUSR1", "SIGUSR2")
@@ -62,13 +62,14 @@ def listen(port: int) -> socket.socket:
                               "(ports below 1024 need root); set MASTER_PORT to a free port above 1024") from None
 
 
-def start(listener: socket.socket, world_size: int) -> None:
+def start(listener: socket.socket, world_size: int, serve_within: float) -> None:
     """Start the store host on `listener`, watching this process (the command exec'd next keeps its pid), and
     close this process's copies (the command must not hold the port: if the host dies, clients should see a
-    refused connection, not a silent listener)."""
+    refused connection, not a silent listener). A host not serving after `serve_within` seconds gives up."""
     watched, pidfd = _watch_this_process()
     port = listener.getsockname()[1]
-    argv = [sys.executable, "-m", "slurmdist.store_host", str(listener.fileno()), str(port), str(world_size), watched]
+    argv = [sys.executable, "-m", "slurmdist.store_host", str(listener.fileno()), str(port), str(world_size), watched,
+            str(serve_within)]
     try:
         _spawn_detached(argv, [listener.fileno()] + ([pidfd] if pidfd is not None else []))
     finally:
@@ -106,19 +107,35 @@ def _spawn_detached(argv: List[str], fds: List[int]) -> None:
     os.waitpid(child, 0)
 
 
-def serve(fd: int, port: int, world_size: int, watched: str, poll: float = PID_POLL) -> int:
+def serve(fd: int, port: int, world_size: int, watched: str, poll: float = PID_POLL,
+          serve_within: float = DEFAULT_TIMEOUT) -> int:
     """In the store host: serve a TCPStore on the inherited listening socket until the watched command has
     exited. The watch starts before torch is imported: a command that ends at once (not found, a crash)
-    must not leave the port held for the seconds that import takes."""
+    must not leave the port held for the seconds that import takes. A host still not serving after
+    `serve_within` seconds (an import stuck on a stalled file system, a swapping node) closes the port and
+    exits: the ranks' connections wait in its backlog, and torch's client would wait there without bound."""
     for name in LEFT_TO_THE_COMMAND:
         signal.signal(getattr(signal, name), signal.SIG_IGN)
     threading.Thread(target=_exit_after, args=(watched, poll), name="slurmdist-watch", daemon=True).start()
+    give_up = threading.Timer(serve_within, _give_up, args=(fd, port, serve_within))
+    give_up.daemon = True
+    give_up.start()
     import torch.distributed as dist
 
     store = open_on_socket(dist, fd, port, world_size)  # served by torch's threads while this one waits
+    give_up.cancel()
     wait_for_exit(watched, poll)
     del store
     return 0
+
+
+def _give_up(fd: int, port: int, seconds: float) -> None:
+    print(f"slurmdist run: the rendezvous store on port {port} was still not served after {seconds:.0f} s (importing "
+          "torch or starting the store hung: a stalled file system, a swapping node); closing the port so the ranks "
+          "fail instead of waiting. Raise SLURMDIST_INIT_TIMEOUT if the node is only slow, or use --no-store",
+          file=sys.stderr, flush=True)
+    os.close(fd)
+    os._exit(1)
 
 
 def _exit_after(watched: str, poll: float) -> None:
@@ -161,9 +178,9 @@ def open_on_socket(dist: Any, fd: int, port: int, world_size: int) -> Any:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    fd, port, world_size, watched = sys.argv[1:] if argv is None else argv
+    fd, port, world_size, watched, *bound = sys.argv[1:] if argv is None else argv
     try:
-        return serve(int(fd), int(port), int(world_size), watched)
+        return serve(int(fd), int(port), int(world_size), watched, serve_within=float(bound[0]) if bound else DEFAULT_TIMEOUT)
     except Exception as exc:  # the command's ranks then fail at their own timeout; say why here first
         print(f"slurmdist run: the rendezvous store on port {port} could not be served: {exc}", file=sys.stderr)
         return 1

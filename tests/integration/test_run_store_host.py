@@ -175,6 +175,20 @@ def test_the_command_gets_sigpipe_and_sigxfsz_back():
     assert not ignored & (1 << (13 - 1)) and not ignored & (1 << (25 - 1))  # SIGPIPE 13, SIGXFSZ 25
 
 
+def test_a_store_host_that_cannot_serve_in_time_closes_the_port_and_says_so():
+    # Connections wait in the listener's backlog until the host serves, and torch's client waits there without
+    # bound: a host stuck before serving (importing torch on a stalled file system) must give the port up.
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        port = listener.getsockname()[1]
+        os.set_inheritable(listener.fileno(), True)
+        result = subprocess.run(
+            [sys.executable, "-m", "slurmdist.store_host", str(listener.fileno()), str(port), "2",
+             f"pid:{os.getpid()}", "0.01"],  # far less than importing torch takes
+            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60, close_fds=False)
+    assert result.returncode == 1
+    assert f"rendezvous store on port {port} was still not served after 0 s" in result.stderr, result.stderr
+
+
 def test_the_store_host_reports_why_it_cannot_serve():
     # An inherited descriptor that is not a listening socket: the host says so on stderr and exits non-zero.
     result = subprocess.run([sys.executable, "-m", "slurmdist.store_host", "0", "1", "2", f"pid:{os.getpid()}"],

@@ -68,6 +68,19 @@ def test_init_timeout_sources():
         init_timeout(float("inf"), {})
 
 
+def test_a_slurm_conf_that_never_reads_does_not_hang_the_lookup(tmp_path):
+    # slurm.conf on a stalled shared file system: a FIFO with no writer blocks open() the same way.
+    import os
+    import time
+
+    stalled = tmp_path / "slurm.conf"
+    os.mkfifo(stalled)
+    started = time.monotonic()
+    with pytest.raises(RendezvousError, match="does not resolve"):
+        resolve_host("no-such-node.invalid", {"PATH": "", "SLURM_CONF": str(stalled)}, timeout=2.0)
+    assert time.monotonic() - started < 2.0 + 5.0  # a bound on a hang, with room for a busy machine
+
+
 def test_resolve_host():
     assert resolve_host("localhost", {}) == "localhost"
     assert resolve_host("[::1]", {}) == "::1"
