@@ -11,10 +11,13 @@ every rank's arrival key once (linear in the world size).
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import ipaddress
 import logging
 import os
 import re
+import select
+import signal
 import socket
 import subprocess
 import sys
@@ -41,6 +44,7 @@ RESTART_COUNT_VARIABLE = "TORCHELASTIC_RESTART_COUNT"
 # A name lookup, Slurm's NodeAddr (`scontrol`) or a hostfile read: each answers in milliseconds or hangs
 # (a dead DNS server, an unreachable slurmctld, a stalled mount); past this it fails naming what hung.
 LOOKUP_BOUND = 10.0
+MPI_KILL_GRACE = 5.0  # seconds between the SIGTERM and the SIGKILL for a rank stuck in MPI_Init past its bound
 VERDICT_GRACE = 5.0  # how long a rank waits for another rank's timeout report before writing its own
 # Seconds between connection attempts to a store not yet listening: ranks usually start within a few ms of
 # rank 0, so the first retries are short (a refused connect costs microseconds).
@@ -294,13 +298,22 @@ def free_port() -> int:
 # --- MPI ------------------------------------------------------------------------------------------------
 
 
-def mpi_comm(env: DistEnv, environ: Mapping[str, str]) -> Any:
+def mpi_comm(env: DistEnv, environ: Mapping[str, str], timeout: float = DEFAULT_TIMEOUT) -> Any:
     """COMM_WORLD, importing mpi4py only now. Open MPI's ofi transport costs ~1 s of MPI_Init and we only
-    broadcast a few bytes, so it is left out unless the user chose transports (`OMPI_MCA_btl`)."""
+    broadcast a few bytes, so it is left out unless the user chose transports (`OMPI_MCA_btl`).
+
+    Importing mpi4py.MPI runs MPI_Init, which waits for every rank to call it, bounded by `timeout` (see
+    `_import_mpi`)."""
     if "mpi4py.MPI" not in sys.modules and env.launcher == "openmpi" and "OMPI_MCA_btl" not in environ:
         os.environ.setdefault("OMPI_MCA_btl", "^ofi")
     try:
-        from mpi4py import MPI
+        MPI = _import_mpi(timeout, (
+            f"slurmdist: MPI_Init did not complete within {timeout:.0f} s on rank {env.rank} (world size "
+            f"{env.world_size}): it waits for every rank of the launch, so some rank has not reached "
+            "slurmdist.init() (crashed, stuck before it, or never started: check the launcher's task count). "
+            f"Ending this process. Raise {TIMEOUT_VARIABLE} if the ranks are only slow, or set MASTER_ADDR and "
+            "MASTER_PORT to skip MPI\n"
+        ))
     except ImportError as exc:
         lacking = (
             "spans several nodes and gives no master address"
@@ -319,6 +332,37 @@ def mpi_comm(env: DistEnv, environ: Mapping[str, str]) -> Any:
             "(rebuild mpi4py with the launcher's mpicc)"
         )
     return comm
+
+
+def _import_mpi(timeout: float, message: str) -> Any:
+    """mpi4py.MPI, running MPI_Init on first import. MPI_Init holds the interpreter lock while it waits, so
+    no thread of this process can bound it: a watcher process forked just before prints `message` and ends
+    this process (SIGTERM, then SIGKILL: a Python handler cannot run inside MPI_Init) if it is still inside
+    after `timeout` seconds. ImportError when mpi4py is missing."""
+    if "mpi4py.MPI" in sys.modules:
+        return sys.modules["mpi4py.MPI"]
+    if importlib.util.find_spec("mpi4py") is None:  # before any fork
+        raise ImportError("No module named 'mpi4py'")
+    me = os.getpid()
+    done_reading, done_writing = os.pipe()
+    watcher = os.fork()
+    if watcher == 0:  # only os-level calls here: the parent may have had other threads
+        try:
+            os.close(done_writing)
+            if not select.select([done_reading], [], [], timeout)[0]:
+                os.write(2, message.encode())
+                os.kill(me, signal.SIGTERM)
+                if not select.select([done_reading], [], [], MPI_KILL_GRACE)[0]:
+                    os.kill(me, signal.SIGKILL)
+        finally:
+            os._exit(0)
+    os.close(done_reading)
+    try:
+        from mpi4py import MPI
+    finally:
+        os.close(done_writing)  # the watcher reads end-of-file and exits
+        os.waitpid(watcher, 0)
+    return MPI
 
 
 def mpi_broadcast(comm: Any, text: Optional[str], deadline: Deadline, size: int = 512) -> str:
@@ -364,7 +408,7 @@ def resolve_master(
     if env.master_addr is None or env.master_port is None:
         require_mpi_launcher(env)
         started_mpi = "mpi4py.MPI" not in sys.modules
-        comm = mpi_comm(env, environ)
+        comm = mpi_comm(env, environ, deadline.remaining())
         mine = None
         if env.rank == 0:
             mine = f"{env.master_addr or own_address(single_node=env.local_world_size == env.world_size)} " \
@@ -825,7 +869,7 @@ def _mpi_store(env: DistEnv, deadline: Deadline, environ: Mapping[str, str]) -> 
     """MPI across nodes: rank 0 opens its store on a kernel-chosen port, then broadcasts address and port.
     Also returns the address the store is reached at (rank 0's own, as it broadcast it)."""
     require_mpi_launcher(env)
-    comm = mpi_comm(env, environ)
+    comm = mpi_comm(env, environ, deadline.remaining())
     store, mine = None, None
     if env.rank == 0:
         addr = env.master_addr or own_address(single_node=env.local_world_size == env.world_size)

@@ -13,7 +13,7 @@ import pytest
 
 from slurmdist.process_group import WATCHDOG_GRACE
 from tests.integration.workers.launch import (
-    ALLREDUCE, PYTHON, RUN_TIMEOUT, finish, free_port, rank_environ, start_ranks,
+    ALLREDUCE, PYTHON, RUN_TIMEOUT, clean_environ, finish, free_port, rank_environ, run, start_ranks, tool,
 )
 from tests.integration.workers.store_probe import wait_until_checked_in
 
@@ -71,6 +71,28 @@ def test_a_frozen_store_host_ends_the_other_ranks_in_bounded_time():
     assert woken.returncode != 0
     assert "rank(s) 2 never arrived" in woken.stderr, woken.stderr
     assert "stopped answering" not in woken.stderr
+
+
+LATE_UNDER_MPIRUN = """
+import os, time
+os.environ["OMPI_COMM_WORLD_LOCAL_SIZE"] = "1"  # as if each rank ran on a node of its own: the mpi4py path
+import slurmdist
+if os.environ["OMPI_COMM_WORLD_RANK"] == "1":
+    time.sleep(60)  # never reaches init() within rank 0's bound
+slurmdist.init()
+"""
+
+
+def test_mpi_init_waiting_for_a_missing_rank_is_bounded():
+    # MPI_Init (mpi4py's import, to share rank 0's port) waits for every rank and holds the interpreter lock
+    # meanwhile: rank 0 must still end within its timeout, saying why, and mpirun then ends the job.
+    env = clean_environ(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", SLURMDIST_INIT_TIMEOUT="3")
+    started = time.monotonic()
+    result = run([tool("mpirun"), "-np", "2", "--oversubscribe", PYTHON, "-c", LATE_UNDER_MPIRUN], env)
+    took = time.monotonic() - started
+    assert result.returncode != 0
+    assert "MPI_Init did not complete within 3 s on rank 0 (world size 2)" in result.stdout + result.stderr
+    assert took < 45, took  # rank 1 alone sleeps 60 s: a bound on a hang, with room for a busy machine
 
 
 def test_unresolvable_master_names_the_host():
