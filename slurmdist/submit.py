@@ -229,6 +229,10 @@ def _check_sbatch_options(options: Mapping[str, Any]) -> None:
             raise SubmitError(f"sbatch option {key!r} is not an option name (letters, digits, '-' and '_')")
         if key.replace("_", "-") in MANAGED_OPTIONS:
             raise SubmitError(f"sbatch option {key!r} is set by slurmdist; use the matching argument instead")
+        if key.replace("_", "-") in ("requeue", "no-requeue"):
+            raise SubmitError(f"sbatch option {key!r}: slurmdist always submits with --requeue (resuming after "
+                              "preemption and the requeue signal rely on it), which would override it; submit "
+                              "with submitit or sbatch directly for a job that must never be requeued")
         if value is False:  # rendered as --key=False, which sbatch refuses
             raise SubmitError(f"sbatch option {key}=False: leave the option out instead (True sets a flag)")
         if not isinstance(value, (str, int, float, bool)) or (isinstance(value, str) and "\n" in value):

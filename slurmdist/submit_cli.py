@@ -54,7 +54,7 @@ def register(subparsers: Any) -> None:
                        help="local: run every task on this machine (debugging without Slurm)")
     follow = parser.add_argument_group("following")
     follow.add_argument("--wait", action="store_true", help="follow the job and exit with its status")
-    follow.add_argument("--timeout", type=float, default=WAIT_TIMEOUT_DEFAULT, metavar="SECONDS",
+    follow.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
                         help="with --wait: give up after this long (the job keeps running); default 1 day")
     parser.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD [ARGS...]")
     parser.set_defaults(handler=run)
@@ -99,8 +99,13 @@ def run(args: argparse.Namespace) -> int:
     from .submit import Submitter, log_paths
 
     command = command_of(args)
-    if args.wait:  # checked before the job exists, not after
-        positive_seconds("--timeout", args.timeout, SlurmdistError)
+    # Checked before the job exists, not after.
+    if args.timeout is not None and not args.wait:
+        raise SlurmdistError(f"--timeout {args.timeout:g} applies only with --wait (without it slurmdist submit "
+                             "returns once the job is queued): add --wait, or drop --timeout")
+    timeout = WAIT_TIMEOUT_DEFAULT if args.timeout is None else args.timeout
+    if args.wait:
+        positive_seconds("--timeout", timeout, SlurmdistError)
     submitter = Submitter(**submitter_options(args))
     job = submitter.submit_command(command)
     stdout, stderr = log_paths(job)
@@ -112,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
     sys.stdout.flush()
     if not args.wait:
         return 0
-    return follow(job, args.timeout)
+    return follow(job, timeout)
 
 
 def follow(job: Any, timeout: float) -> int:

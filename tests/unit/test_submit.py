@@ -344,3 +344,9 @@ def test_results_wait_longer_for_the_files_of_a_completed_job():
     slurm_job = SimpleNamespace()
     assert result_grace(slurm_job, "COMPLETED") == COMPLETED_RESULT_GRACE > RESULT_GRACE
     assert result_grace(slurm_job, "FAILED") == RESULT_GRACE
+
+
+@pytest.mark.parametrize("option", ["requeue", "no-requeue", "no_requeue"])
+def test_requeue_options_are_refused_rather_than_silently_overridden(option):
+    with pytest.raises(SubmitError, match="always submits with --requeue"):
+        Resources(sbatch={option: True})

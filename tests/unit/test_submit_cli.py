@@ -64,3 +64,10 @@ def test_log_tail_prints_new_complete_lines_without_submitit_noise(tmp_path):
         stream.write("0/40\ndone\n")
     tail.flush()
     assert out.getvalue() == "step 10/40\nstep 20/40\ndone\n"
+
+
+def test_timeout_without_wait_is_refused_before_submitting(capsys):
+    from slurmdist.cli import main
+
+    assert main(["submit", "--cluster", "local", "--timeout", "60", "--", "true"]) == 2
+    assert "--timeout 60 applies only with --wait" in capsys.readouterr().err
