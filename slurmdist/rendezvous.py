@@ -432,7 +432,14 @@ def wait_listening(
     and thousands of ranks polling would flood the name server."""
     pauses = poll_pauses()
     last: Optional[BaseException] = None
-    candidates = list(candidates) or addresses(host, deadline.at_most(LOOKUP_BOUND)) or [strip_brackets(host)]
+    # Never a name to connect to: each connect would look it up again, unbounded, at every poll.
+    candidates = list(candidates) or addresses(host, deadline.at_most(LOOKUP_BOUND))
+    if not candidates:
+        raise RendezvousError(
+            f"the rendezvous store's host {host!r} does not resolve (or its lookup took over "
+            f"{deadline.at_most(LOOKUP_BOUND):.0f} s; world size {world_size}): set MASTER_ADDR to an IP address or "
+            "a name every node resolves"
+        )
     while True:
         for candidate in candidates:
             try:
@@ -878,6 +885,7 @@ def _mpi_store(env: DistEnv, deadline: Deadline, environ: Mapping[str, str]) -> 
     addr, port = mpi_broadcast(comm, mine, deadline).split()
     env = env.replace(master_addr=addr, master_port=int(port))
     reach: Optional[str] = addr
-    if store is None:
-        store, reach = open_store(addr, int(port), env.rank, env.world_size, deadline)
+    if store is None:  # rank 0's address may be a name (MASTER_ADDR): resolved once, Slurm's NodeAddr included
+        host, candidates = resolve_addresses(addr, environ, deadline.at_most(LOOKUP_BOUND))
+        store, reach = open_store(host, int(port), env.rank, env.world_size, deadline, candidates=candidates)
     return store, env, reach

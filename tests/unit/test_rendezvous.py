@@ -68,6 +68,17 @@ def test_init_timeout_sources():
         init_timeout(float("inf"), {})
 
 
+def test_a_store_host_name_that_does_not_resolve_fails_at_once_naming_it():
+    # Before: the name itself was dialled at every poll (a DNS query each, outside the deadline) until the
+    # deadline, which then blamed rank 0 for not listening.
+    import time
+
+    started = time.monotonic()
+    with pytest.raises(RendezvousError, match="host 'no-such-node.invalid' does not resolve"):
+        wait_listening("no-such-node.invalid", 29400, Deadline(60), 2)
+    assert time.monotonic() - started < 30  # a bound on a hang (one bounded lookup), not a timing claim
+
+
 def test_a_slurm_conf_that_never_reads_does_not_hang_the_lookup(tmp_path):
     # slurm.conf on a stalled shared file system: a FIFO with no writer blocks open() the same way.
     import os
