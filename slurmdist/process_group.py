@@ -259,6 +259,11 @@ def _default_group() -> Any:
 def _live_env() -> Optional[DistEnv]:
     """The env of the group `init()` formed, while that group lives. When the user destroyed it
     (`dist.destroy_process_group()`), slurmdist forgets it too, so `init()` forms a new one."""
+    env = _state["env"]
+    # Read without the lock first: init() holds it for the whole rendezvous, and a thread that only logs (the
+    # rank prefix asks here) or asks is_main() must not wait minutes for it. Forgetting needs the lock.
+    if env is None or _default_group() is _state["group"]:
+        return env
     with _lock:
         if _state["env"] is None or _default_group() is _state["group"]:
             return _state["env"]
