@@ -142,6 +142,9 @@ def _check_devices_per_rank(spec: JobSpec) -> None:
 
 # --- rendering (pure) ------------------------------------------------------------------------------------
 
+# Slurm 22.05-23.02: srun no longer inherits --cpus-per-task from the allocation; a job script hands it on.
+HAND_ON_CPUS_PER_TASK = "if [[ -n ${SLURM_CPUS_PER_TASK:-} ]]; then export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK; fi"
+
 
 def render(spec: JobSpec) -> str:
     """The job script for `spec`, validated here."""
@@ -152,7 +155,7 @@ def render(spec: JobSpec) -> str:
     if spec.launcher != "mpirun":  # mpirun's own srun (its daemons, one per node) must keep the node's CPUs
         lines += [
             "# Slurm >= 22.05: srun no longer inherits --cpus-per-task from the allocation; hand it on when set.",
-            "if [[ -n ${SLURM_CPUS_PER_TASK:-} ]]; then export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK; fi",
+            HAND_ON_CPUS_PER_TASK,
         ]
     if spec.share_devices:
         lines += ["# Asked for with --share-devices: more ranks per node than devices, on purpose.",

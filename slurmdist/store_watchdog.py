@@ -13,11 +13,12 @@ Linux only (the open sockets are found through /proc/self/fd); elsewhere nothing
 from __future__ import annotations
 
 import contextlib
-import ipaddress
 import os
 import socket
 import threading
 from typing import Iterator, Optional, Set, Tuple
+
+from .interfaces import ip_of
 
 FD_DIR = "/proc/self/fd"
 Endpoint = Tuple[str, int]  # (IP address, port)
@@ -26,9 +27,8 @@ Endpoint = Tuple[str, int]  # (IP address, port)
 def normalized(address: str) -> str:
     """One spelling per IP address: an IPv4-mapped IPv6 address (`::ffff:127.0.0.1`, as torch's IPv6
     socket reports its peer) as IPv4, without a zone; a name unchanged."""
-    try:
-        parsed = ipaddress.ip_address(address.split("%")[0])
-    except ValueError:
+    parsed = ip_of(address)
+    if parsed is None:
         return address
     mapped = getattr(parsed, "ipv4_mapped", None)
     return str(mapped or parsed)

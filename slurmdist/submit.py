@@ -36,6 +36,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optio
 
 from .errors import SlurmdistError
 from .requeue import ENDED_EXIT_STATUS, RequeueError, Resumable, exit_without_result, parse_signal, slurm_name
+from .sbatch_render import HAND_ON_CPUS_PER_TASK
 
 log = logging.getLogger("slurmdist")
 
@@ -227,9 +228,10 @@ def _check_sbatch_options(options: Mapping[str, Any]) -> None:
     for key, value in options.items():
         if not isinstance(key, str) or not _OPTION_NAME.match(key):
             raise SubmitError(f"sbatch option {key!r} is not an option name (letters, digits, '-' and '_')")
-        if key.replace("_", "-") in MANAGED_OPTIONS:
+        name = key.replace("_", "-")
+        if name in MANAGED_OPTIONS:
             raise SubmitError(f"sbatch option {key!r} is set by slurmdist; use the matching argument instead")
-        if key.replace("_", "-") in ("requeue", "no-requeue"):
+        if name in ("requeue", "no-requeue"):
             raise SubmitError(f"sbatch option {key!r}: slurmdist always submits with --requeue (resuming after "
                               "preemption and the requeue signal rely on it), which would override it; submit "
                               "with submitit or sbatch directly for a job that must never be requeued")
@@ -250,7 +252,7 @@ def environment_lines(resources: Resources) -> List[str]:
     `SRUN_CPUS_PER_TASK` (srun there no longer takes --cpus-per-task from the job: each task would get one CPU)."""
     lines = [f"export {key}={shlex.quote(value)}" for key, value in signal_variables(resources).items()]
     if resources.cpus_per_task:
-        lines.append("if [ -n \"${SLURM_CPUS_PER_TASK:-}\" ]; then export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK; fi")
+        lines.append(HAND_ON_CPUS_PER_TASK)
     return lines
 
 

@@ -26,6 +26,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 STARTED = time.time()
 
@@ -36,20 +37,16 @@ def write(path: Path, record: dict) -> None:
     os.replace(temporary, path)
 
 
+def wait_until(ready: Callable[[], bool], linger: float) -> None:
+    """Wait (bounded by `linger` seconds) until `ready()`."""
+    end = time.monotonic() + linger
+    while not ready() and time.monotonic() < end:
+        time.sleep(0.05)
+
+
 def others_reported(out: Path, world: int, me: int, linger: float) -> None:
     """Wait (bounded) until every other rank wrote its report."""
-    end = time.monotonic() + linger
-    while time.monotonic() < end:
-        if all((out / f"rank{r}.json").exists() for r in range(world) if r != me):
-            return
-        time.sleep(0.1)
-
-
-def wait_for(path: Path, linger: float) -> None:
-    """Wait (bounded) until `path` exists."""
-    end = time.monotonic() + linger
-    while not path.exists() and time.monotonic() < end:
-        time.sleep(0.05)
+    wait_until(lambda: all((out / f"rank{r}.json").exists() for r in range(world) if r != me), linger)
 
 
 def kill_once_others_reported(out: Path, world: int, me: int, linger: float) -> None:
@@ -104,7 +101,7 @@ def main() -> int:
     if victim and args.fault == "freeze-in-rendezvous":
         kill_once_others_reported(args.out, me.world_size, me.rank, args.linger)
     if me.rank == args.late and args.fault == "freeze-in-rendezvous":
-        wait_for(args.out / "fault.json", args.linger)  # join a store that is frozen already
+        wait_until((args.out / "fault.json").exists, args.linger)  # join a store that is frozen already
     elif me.rank == args.late:
         time.sleep(args.delay)
 
