@@ -21,12 +21,12 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from datetime import timedelta
 from typing import Any, Callable, Iterator, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
 from . import slurm_conf
+from .background import call_with_timeout
 from .distenv import LOOPBACK, DistEnv
 from .errors import RendezvousError
 from .interfaces import default_route_source, ip_of, is_loopback
@@ -133,33 +133,13 @@ def hostport(host: Optional[str], port: Optional[int]) -> str:
     return f"[{bare}]:{port}" if is_ipv6(bare) else f"{bare}:{port}"
 
 
-def _call_with_timeout(function: Callable[[], Any], timeout: float, what: str) -> Any:
-    """Run a call that has no timeout of its own (getaddrinfo) in a daemon thread and stop waiting."""
-    box: dict = {}
-
-    def run() -> None:
-        try:
-            box["value"] = function()
-        except BaseException as exc:  # handed back to the caller below
-            box["error"] = exc
-
-    worker = threading.Thread(target=run, name=f"slurmdist-{what}", daemon=True)
-    worker.start()
-    worker.join(timeout)
-    if worker.is_alive():
-        raise TimeoutError(f"{what} took longer than {timeout:.1f} s")
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
-
-
 def addresses(host: str, timeout: float = 10.0) -> List[str]:
     """The IP addresses a name resolves to (empty when it does not resolve in time). An IP address is its own
     answer: no lookup thread for the common MASTER_ADDR=10.0.0.1."""
     if ip_of(strip_brackets(host)) is not None:
         return [strip_brackets(host)]
     try:
-        infos = _call_with_timeout(
+        infos = call_with_timeout(
             lambda: socket.getaddrinfo(lookup_form(host), None, type=socket.SOCK_STREAM), timeout, "resolve"
         )
     except (OSError, TimeoutError, UnicodeError):
@@ -201,7 +181,7 @@ def names_this_host(host: str, hostname: str) -> bool:
 def _conf_node_addr(node: str, environ: Mapping[str, str], timeout: float) -> Optional[str]:
     """`slurm_conf.read_node_addr`, bounded: slurm.conf often lives on a shared file system that can stall."""
     try:
-        return _call_with_timeout(lambda: slurm_conf.read_node_addr(node, environ), timeout, "slurm.conf-read")
+        return call_with_timeout(lambda: slurm_conf.read_node_addr(node, environ), timeout, "slurm.conf-read")
     except TimeoutError:
         log.warning("reading slurm.conf (%s) took longer than %.1f s; asking scontrol for %s's NodeAddr",
                     environ.get("SLURM_CONF") or slurm_conf.DEFAULT_PATH, timeout, node)
@@ -263,7 +243,7 @@ def hostfile_master(environ: Mapping[str, str], timeout: float = 10.0) -> str:
             return file.read(1 << 20)  # task 0 is on the first line that names a host
 
     try:
-        text = _call_with_timeout(head, timeout, "hostfile")
+        text = call_with_timeout(head, timeout, "hostfile")
     except (OSError, TimeoutError) as exc:
         raise RendezvousError(
             f"srun -m arbitrary puts task 0 (the rendezvous master) on the first host of "
@@ -504,7 +484,7 @@ def _join_store(dial: str, port: int, where: str, rank: int, world_size: int, de
 
     try:
         # In a thread: the client's handshake ignores its timeout when a listener never answers.
-        return _call_with_timeout(
+        return call_with_timeout(
             lambda: dist.TCPStore(dial, port, None, False, timedelta(seconds=deadline.remaining())),
             deadline.remaining(),
             "store-connect",

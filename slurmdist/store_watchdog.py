@@ -18,6 +18,7 @@ import socket
 import threading
 from typing import Iterator, Optional, Set, Tuple
 
+from . import background
 from .interfaces import ip_of
 
 FD_DIR = "/proc/self/fd"
@@ -91,21 +92,22 @@ class StoreWatchdog:
         self.cut = 0
         self._lock = threading.Lock()  # the rendezvous ending and the timer firing exclude each other
         self._over = False
-        self._timer = threading.Timer(seconds, self._fire)
-        self._timer.daemon = True
-        self._timer.name = "slurmdist-store-watchdog"
+        self._ended = threading.Event()
 
-    def _fire(self) -> None:
+    def _watch(self) -> None:
+        if self._ended.wait(self.seconds):
+            return
         with self._lock:
             if not self._over:
                 self.cut = cut_connections(set(self.endpoints))
 
     @contextlib.contextmanager
     def running(self) -> Iterator["StoreWatchdog"]:
-        self._timer.start()
+        # Not threading.Timer: its start() waits for the thread to be scheduled, milliseconds on busy cores.
+        background.start(self._watch)
         try:
             yield self
         finally:
             with self._lock:
                 self._over = True
-            self._timer.cancel()
+            self._ended.set()

@@ -1,0 +1,41 @@
+"""Background threads: a bounded call hands back its result or its exception, and stops waiting in time."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from slurmdist import background
+
+
+def test_a_bounded_call_returns_what_the_call_returned():
+    assert background.call_with_timeout(lambda: 42, 5.0, "answer") == 42
+
+
+def test_a_bounded_call_raises_what_the_call_raised():
+    def fails():
+        raise ValueError("no such host")
+
+    with pytest.raises(ValueError, match="no such host"):
+        background.call_with_timeout(fails, 5.0, "lookup")
+
+
+def test_a_call_past_its_bound_is_left_running_and_named():
+    release = threading.Event()
+    with pytest.raises(TimeoutError, match="slurm.conf-read took longer than 0.2 s"):
+        background.call_with_timeout(lambda: release.wait(30), 0.2, "slurm.conf-read")
+    release.set()
+
+
+def test_a_started_function_runs_with_its_arguments():
+    seen = []
+    done = threading.Event()
+
+    def record(first, second):
+        seen.append((first, second, threading.current_thread() is not threading.main_thread()))
+        done.set()
+
+    background.start(record, "a", 2)
+    assert done.wait(10)
+    assert seen == [("a", 2, True)]
