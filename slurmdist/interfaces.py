@@ -12,11 +12,13 @@ of its own name.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
+import itertools
 import logging
 import socket
 import sys
-from typing import Dict, Iterable, List, Mapping, Optional, Union
+from typing import Dict, Iterable, Iterator, List, Mapping, Optional, Tuple, Union
 
 from .distenv import LOOPBACK
 from .errors import BackendError
@@ -73,15 +75,13 @@ def is_loopback(address: str) -> bool:
     return parsed is not None and parsed.is_loopback
 
 
-def interface_holding(address: str, table: Mapping[str, List[bytes]]) -> Optional[str]:
-    """The interface of `table` (name -> packed addresses) that carries `address`, if any."""
+def interface_holding(address: str, pairs: Iterable[Tuple[str, bytes]]) -> Optional[str]:
+    """The first interface of `pairs` ((name, packed address), in order) that carries `address`, if any.
+    Stops reading `pairs` there: the live readers below query the kernel interface by interface."""
     parsed = ip_of(address)
     if parsed is None:
         return None
-    for name, addresses in table.items():
-        if parsed.packed in addresses:
-            return name
-    return None
+    return next((name for name, packed in pairs if packed == parsed.packed), None)
 
 
 # Documentation addresses (RFC 5737, RFC 3849): routed like any far address, i.e. by the default route.
@@ -109,16 +109,13 @@ def source_address(destination: str) -> Optional[str]:
         return None
 
 
-def interface_addresses() -> Dict[str, List[bytes]]:
-    """This host's interfaces and their addresses (packed). Linux only (Slurm's platform); empty elsewhere.
-
-    IPv4 comes from the interface's first address, the one gloo itself binds when given the interface name.
-    """
+def ipv4_addresses() -> Iterator[Tuple[str, bytes]]:
+    """(interface, its first IPv4 address, packed), asked of the kernel one interface at a time. The first
+    address is the one gloo itself binds when given the interface name. Linux only (Slurm's platform)."""
     if not sys.platform.startswith("linux"):
-        return {}
+        return
     import fcntl
 
-    table: Dict[str, List[bytes]] = {}
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
         for name in interface_names():
             request = name.encode()[:15].ljust(40, b"\0")  # struct ifreq: 16-byte name, then the address
@@ -126,24 +123,43 @@ def interface_addresses() -> Dict[str, List[bytes]]:
                 answer = fcntl.ioctl(sock.fileno(), _SIOCGIFADDR, request)
             except OSError:  # no IPv4 address on this interface
                 continue
-            table.setdefault(name, []).append(answer[20:24])  # sockaddr_in: family, port, then the address
+            yield name, answer[20:24]  # sockaddr_in: family, port, then the address
+
+
+def ipv6_addresses() -> Iterator[Tuple[str, bytes]]:
+    """(interface, IPv6 address, packed) for every IPv6 address of this host (none when IPv6 is off)."""
     try:
         with open(_INET6_TABLE, encoding="ascii") as lines:
             for line in lines:
                 fields = line.split()
                 if len(fields) == 6:
-                    table.setdefault(fields[5], []).append(bytes.fromhex(fields[0]))
-    except OSError:  # IPv6 disabled
-        pass
+                    yield fields[5], bytes.fromhex(fields[0])
+    except OSError:  # IPv6 disabled, or not Linux
+        return
+
+
+def interface_addresses() -> Dict[str, List[bytes]]:
+    """This host's interfaces and all their addresses (packed); empty where it cannot be read."""
+    table: Dict[str, List[bytes]] = {}
+    for name, packed in itertools.chain(ipv4_addresses(), ipv6_addresses()):
+        table.setdefault(name, []).append(packed)
     return table
+
+
+def interface_with(address: str) -> Optional[str]:
+    """This host's interface that carries `address`. Reads only that address's family, and stops at the
+    interface that has it: every rank asks once inside init(), on cores its peers keep busy."""
+    parsed = ip_of(address)
+    if parsed is None:
+        return None
+    with contextlib.closing(ipv4_addresses() if parsed.version == 4 else ipv6_addresses()) as pairs:
+        return interface_holding(address, pairs)
 
 
 def interface_towards(destination: str) -> Optional[str]:
     """The interface this host reaches `destination` through, or None when that cannot be told."""
     source = source_address(destination)
-    if source is None:
-        return None
-    return interface_holding(source, interface_addresses())
+    return None if source is None else interface_with(source)
 
 
 def gloo_interface(reach: Optional[str], single_node: bool) -> Optional[str]:
@@ -170,5 +186,5 @@ def gloo_interface_for_command(master_address: Optional[str], single_node: bool,
         return gloo_interface(master_address, single_node)
     if own_name and is_loopback(source_address(master_address) or ""):
         route = default_route_source()
-        return interface_holding(route, interface_addresses()) if route else None
+        return interface_with(route) if route else None
     return interface_towards(master_address)

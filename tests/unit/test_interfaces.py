@@ -31,7 +31,8 @@ TABLE = {
     ("node1", None),  # a name is not an address: never looked up here
 ])
 def test_the_interface_holding_an_address(address, name):
-    assert interfaces.interface_holding(address, TABLE) == name
+    pairs = [(interface, packed) for interface, addresses in TABLE.items() for packed in addresses]
+    assert interfaces.interface_holding(address, pairs) == name
 
 
 @pytest.mark.parametrize("address, loopback", [
@@ -110,9 +111,11 @@ def test_every_interface_address_is_read_as_iproute2_reports_it():
         ipv4 = [a["local"] for a in link.get("addr_info", []) if a["family"] == "inet"]
         ipv6 = [a["local"] for a in link.get("addr_info", []) if a["family"] == "inet6"]
         if ipv4:  # the interface's first IPv4 address: the one gloo binds when given the name
-            assert interfaces.interface_holding(ipv4[0], {name: table.get(name, [])}) == name
+            assert interfaces.ip_of(ipv4[0]).packed in table[name]
+            assert interfaces.interface_with(ipv4[0]) == name
         for address in ipv6:
-            assert interfaces.interface_holding(address, {name: table.get(name, [])}) == name
+            assert interfaces.ip_of(address).packed in table[name]
+            assert interfaces.interface_with(address) == name
         for address in ipv4[:1] + ipv6:
             if not address.startswith("fe80"):  # link-local needs a zone to route to
                 assert interfaces.interface_towards(address) == name, address
