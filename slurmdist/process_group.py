@@ -20,7 +20,10 @@ import warnings
 from datetime import timedelta
 from typing import Any, Iterator, List, Mapping, Optional
 
-from . import backends, devices, interfaces, rendezvous
+# hostlist: detect() reads a Slurm nodelist with it. Loaded with the rest of init()'s modules (when
+# `slurmdist.init` is first looked up), not inside init(), where each rank's half millisecond of loading
+# would hold up the whole group on busy cores.
+from . import backends, devices, hostlist, interfaces, rendezvous  # noqa: F401
 from .detection import detect, is_own_srun_task
 from .distenv import DistEnv
 from .errors import SlurmdistError
