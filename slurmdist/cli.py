@@ -141,7 +141,7 @@ def command_variables(env: DistEnv) -> Dict[str, str]:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from . import store_host
+    from . import store_host, store_server
     from .detection import detect
     from .rendezvous import AGENT_STORE_VARIABLE, RESTART_COUNT_VARIABLE, init_timeout, resolve_master
 
@@ -159,7 +159,7 @@ def _run(args: argparse.Namespace) -> int:
     child_env.update(command_variables(env))
     if args.store and store_host.wanted(env, os.environ):
         if env.rank == 0:
-            store_host.start(store_host.listen(env.master_port), env.world_size,
+            store_host.start(store_server.listen(env.master_port, "slurmdist run on rank 0"), env.world_size,
                              init_timeout(args.timeout, os.environ))
         child_env[AGENT_STORE_VARIABLE] = "True"
         # Older torch releases read the agent's restart count next to that switch and fail without it.

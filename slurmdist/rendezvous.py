@@ -25,7 +25,7 @@ import time
 from datetime import timedelta
 from typing import Any, Callable, Iterator, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
-from . import slurm_conf
+from . import slurm_conf, store_server
 from .background import call_with_timeout
 from .distenv import LOOPBACK, DistEnv
 from .errors import RendezvousError
@@ -450,19 +450,12 @@ def open_store(
     """A TCPStore at host:port: served here when `serve` (rank 0, port 0 = kernel's choice), else joined.
     Also returns the address a joined store answered at (None when served here); `candidates` are the
     addresses `host` resolved to, when the caller has them."""
-    import torch.distributed as dist
-
     host = strip_brackets(host)
     where = hostport(host, port)
     if serve:
         try:
-            served = dist.TCPStore(
-                host, port, None, True, timedelta(seconds=deadline.remaining()), wait_for_workers=False
-            )
-            return served, None
+            return store_server.serve_here(port, deadline.remaining()), None
         except RuntimeError as exc:
-            if "EADDRINUSE" in str(exc) or "address already in use" in str(exc).lower():
-                raise port_in_use(port, where) from None
             raise RendezvousError(f"rank 0 cannot host the rendezvous store at {where}: {exc}") from None
     peer = wait_listening(host, port, deadline, world_size, candidates)
     deadline.endpoints.add((peer, port))
@@ -543,13 +536,6 @@ def store_stopped_answering(env: DistEnv, deadline: Deadline) -> RendezvousError
         "rendezvous, so this rank cut its connection. The process serving the store (rank 0, or torchrun's agent "
         "or slurmdist run's store host) is frozen (SIGSTOP, Ctrl-Z, a debugger), swapping, or cut off from this "
         "node by the network: see its state (ps, its log) and the network between the nodes"
-    )
-
-
-def port_in_use(port: int, where: str, who: str = "rank 0") -> RendezvousError:
-    return RendezvousError(
-        f"{who} cannot listen on the rendezvous port {port} ({where}): another process holds it (a second job "
-        "step on this node, or a leftover run). Set MASTER_PORT to a free port, or stop the other process"
     )
 
 

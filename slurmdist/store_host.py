@@ -17,7 +17,6 @@ the store host, which waits for the command.
 
 from __future__ import annotations
 
-import errno
 import importlib.util
 import os
 import select
@@ -26,12 +25,11 @@ import socket
 import sys
 import threading
 import time
-from datetime import timedelta
-from typing import Any, List, Mapping, Optional, Sequence, Tuple
+from typing import List, Mapping, Optional, Sequence, Tuple
 
-from .distenv import LOOPBACK, DistEnv
-from .errors import RendezvousError
-from .rendezvous import DEFAULT_TIMEOUT, agent_serves_store, port_in_use
+from .distenv import DistEnv
+from . import store_server
+from .rendezvous import DEFAULT_TIMEOUT, agent_serves_store
 
 PID_POLL = 0.2  # seconds between checks that the command is still running, where there is no pidfd
 LEFT_TO_THE_COMMAND = ("SIGINT", "SIGTERM", "SIGHUP", "SIGUSR1", "SIGUSR2")
@@ -45,21 +43,6 @@ def wanted(env: DistEnv, environ: Mapping[str, str]) -> bool:
         and not agent_serves_store(environ)
         and importlib.util.find_spec("torch") is not None
     )
-
-
-def listen(port: int) -> socket.socket:
-    """A socket listening on `port` on every interface (IPv6 and IPv4 where the host has both), as torch's
-    own store server would; a `RendezvousError` naming the port when another process holds it."""
-    try:
-        if socket.has_dualstack_ipv6():
-            return socket.create_server(("", port), family=socket.AF_INET6, dualstack_ipv6=True,
-                                        backlog=socket.SOMAXCONN)
-        return socket.create_server(("", port), backlog=socket.SOMAXCONN)
-    except OSError as exc:
-        if exc.errno == errno.EADDRINUSE:
-            raise port_in_use(port, f"*:{port}", "slurmdist run on rank 0") from None
-        raise RendezvousError(f"slurmdist run on rank 0 cannot listen on MASTER_PORT={port}: {exc.strerror or exc} "
-                              "(ports below 1024 need root); set MASTER_PORT to a free port above 1024") from None
 
 
 def start(listener: socket.socket, world_size: int, serve_within: float) -> None:
@@ -122,7 +105,7 @@ def serve(fd: int, port: int, world_size: int, watched: str, poll: float = PID_P
     give_up.start()
     import torch.distributed as dist
 
-    store = open_on_socket(dist, fd, port, world_size)  # served by torch's threads while this one waits
+    store = store_server.serve(dist, fd, port, world_size)  # served by torch's threads while this one waits
     give_up.cancel()
     wait_for_exit(watched, poll)
     del store
@@ -159,22 +142,6 @@ def wait_for_exit(watched: str, poll: float = PID_POLL) -> None:
         except PermissionError:  # alive, and someone else's: the pid was reused, so ours is gone
             return
         time.sleep(poll)
-
-
-def open_on_socket(dist: Any, fd: int, port: int, world_size: int) -> Any:
-    """A TCPStore server on the listening socket `fd`. torch's libuv server takes a socket only from torch
-    2.8 on (earlier ones raise "does not support initialization with an listen fd"): those get the classic
-    server, which always could."""
-    def serve_with(**backend: bool) -> Any:
-        return dist.TCPStore(LOOPBACK, port, world_size, True, timedelta(seconds=60), wait_for_workers=False,
-                             master_listen_fd=fd, **backend)
-
-    try:
-        return serve_with()
-    except (NotImplementedError, RuntimeError) as exc:
-        if "listen fd" not in str(exc):
-            raise
-        return serve_with(use_libuv=False)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
