@@ -23,7 +23,7 @@ import subprocess
 import sys
 import time
 from datetime import timedelta
-from typing import Any, Callable, Iterator, List, Mapping, Optional, Sequence, Set, Tuple, Union
+from typing import Any, Callable, Iterator, List, Mapping, NamedTuple, Optional, Sequence, Set, Tuple, Union
 
 from . import slurm_conf, store_server
 from .background import call_with_timeout
@@ -133,18 +133,33 @@ def hostport(host: Optional[str], port: Optional[int]) -> str:
     return f"[{bare}]:{port}" if is_ipv6(bare) else f"{bare}:{port}"
 
 
-def addresses(host: str, timeout: float = 10.0) -> List[str]:
-    """The IP addresses a name resolves to (empty when it does not resolve in time). An IP address is its own
-    answer: no lookup thread for the common MASTER_ADDR=10.0.0.1."""
+class Lookup(NamedTuple):
+    """What a bounded name lookup found: the addresses (none when the name is unknown or the lookup ran out
+    of time), and whether it ran out of time (a name server that does not answer, not an unknown name)."""
+
+    found: List[str]
+    timed_out: bool = False
+
+
+def lookup(host: str, timeout: float = 10.0) -> Lookup:
+    """The IP addresses a name resolves to, within `timeout`. An IP address is its own answer: no lookup
+    thread for the common MASTER_ADDR=10.0.0.1."""
     if ip_of(strip_brackets(host)) is not None:
-        return [strip_brackets(host)]
+        return Lookup([strip_brackets(host)])
     try:
         infos = call_with_timeout(
             lambda: socket.getaddrinfo(lookup_form(host), None, type=socket.SOCK_STREAM), timeout, "resolve"
         )
-    except (OSError, TimeoutError, UnicodeError):
-        return []
-    return list(dict.fromkeys(info[4][0] for info in infos))
+    except TimeoutError:
+        return Lookup([], timed_out=True)
+    except (OSError, UnicodeError):
+        return Lookup([])
+    return Lookup(list(dict.fromkeys(info[4][0] for info in infos)))
+
+
+def addresses(host: str, timeout: float = 10.0) -> List[str]:
+    """`lookup(host, timeout).found`: empty when the name does not resolve in time."""
+    return lookup(host, timeout).found
 
 
 def slurm_node_addr(node: str, environ: Mapping[str, str], timeout: float = 10.0) -> Optional[str]:
@@ -200,9 +215,10 @@ def resolve_addresses(host: str, environ: Mapping[str, str], timeout: float = 10
     deadline = Deadline(timeout)
     # The name lookup gets half of the bound at most: a name server that never answers must leave time to ask
     # Slurm for the NodeAddr.
-    found = addresses(bare, deadline.at_most(timeout / 2))
-    if found:
-        return bare, found
+    name_bound = deadline.at_most(timeout / 2)
+    own = lookup(bare, name_bound)
+    if own.found:
+        return bare, own.found
 
     def usable(node_addr: Optional[str]) -> List[str]:
         if not node_addr or node_addr == bare:
@@ -219,8 +235,11 @@ def resolve_addresses(host: str, environ: Mapping[str, str], timeout: float = 10
     if found:
         log.debug("master %s does not resolve; using its Slurm NodeAddr %s", bare, node_addr)
         return strip_brackets(str(node_addr)), found
+    failed = (f"the lookup of master host {bare!r} took longer than {name_bound:.1f} s (a name "
+              "server that does not answer: check /etc/resolv.conf)" if own.timed_out
+              else f"master host {bare!r} does not resolve (DNS / /etc/hosts)")
     raise RendezvousError(
-        f"master host {bare!r} does not resolve (DNS / /etc/hosts) and Slurm gave no usable NodeAddr for it "
+        f"{failed} and Slurm gave no usable NodeAddr for it "
         f"(scontrol show node {bare}{' -> ' + node_addr if node_addr else ''}); set MASTER_ADDR to an IP "
         "address or a name every node can resolve"
     )
@@ -413,13 +432,17 @@ def wait_listening(
     pauses = poll_pauses()
     last: Optional[BaseException] = None
     # Never a name to connect to: each connect would look it up again, unbounded, at every poll.
-    candidates = list(candidates) or addresses(host, deadline.at_most(LOOKUP_BOUND))
     if not candidates:
-        raise RendezvousError(
-            f"the rendezvous store's host {host!r} does not resolve (or its lookup took over "
-            f"{deadline.at_most(LOOKUP_BOUND):.0f} s; world size {world_size}): set MASTER_ADDR to an IP address or "
-            "a name every node resolves"
-        )
+        bound = deadline.at_most(LOOKUP_BOUND)
+        answer = lookup(host, bound)
+        if not answer.found:
+            problem = (f"the lookup of the rendezvous store's host {host!r} took longer than {bound:.1f} s (a name "
+                       "server that does not answer)" if answer.timed_out
+                       else f"the rendezvous store's host {host!r} does not resolve")
+            raise RendezvousError(
+                f"{problem} (world size {world_size}): set MASTER_ADDR to an IP address or a name every node resolves"
+            )
+        candidates = answer.found
     while True:
         for candidate in candidates:
             try:

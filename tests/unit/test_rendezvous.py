@@ -92,6 +92,26 @@ def test_a_slurm_conf_that_never_reads_does_not_hang_the_lookup(tmp_path):
     assert time.monotonic() - started < 2.0 + 5.0  # a bound on a hang, with room for a busy machine
 
 
+def test_a_name_server_that_never_answers_is_told_apart_from_an_unknown_name(monkeypatch):
+    import threading
+
+    answer = threading.Event()
+
+    def silent_name_server(*args, **kwargs):
+        answer.wait(30)
+        raise socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
+
+    monkeypatch.setattr(socket, "getaddrinfo", silent_name_server)
+    try:
+        with pytest.raises(RendezvousError, match=r"the lookup of master host 'node1' took longer than 0.5 s \(a name "
+                                                  "server that does not answer"):
+            resolve_host("node1", {"PATH": "", "SLURM_CONF": "/nonexistent"}, timeout=1.0)
+        with pytest.raises(RendezvousError, match="the lookup of the rendezvous store's host 'node1' took longer"):
+            wait_listening("node1", 29400, Deadline(0.5), 2)
+    finally:
+        answer.set()
+
+
 def test_resolve_host():
     assert resolve_host("localhost", {}) == "localhost"
     assert resolve_host("[::1]", {}) == "::1"
