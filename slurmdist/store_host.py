@@ -71,23 +71,20 @@ def _watch_this_process() -> Tuple[str, Optional[int]]:
     return f"pidfd:{pidfd}", pidfd
 
 
+# Starts its arguments in the background and exits: the store host is then nobody's child here.
+DETACH = ("/bin/sh", "-c", '"$@" </dev/null >/dev/null &', "slurmdist-detach")
+
+
 def _spawn_detached(argv: List[str], fds: List[int]) -> None:
-    """Run `argv` as a grandchild that keeps `fds`: the intermediate child exits at once (reaped here), so the
-    command exec'd next in this process never has the store host among its children."""
+    """Run `argv` as a grandchild that keeps `fds`: the intermediate shell exits at once (reaped here), so
+    the command exec'd next in this process never has the store host among its children. posix_spawn, not
+    fork: this process may have threads (a name lookup still running past its bound), and a forked child of
+    a threaded process can deadlock on a lock one of them held. stderr stays: the host's one message goes to
+    the task's log."""
     for fd in fds:
         os.set_inheritable(fd, True)
-    devnull = os.open(os.devnull, os.O_RDWR)
-    child = os.fork()
-    if child == 0:
-        try:
-            if os.fork() == 0:
-                os.dup2(devnull, 0)
-                os.dup2(devnull, 1)  # stderr stays: the host's one message goes to the task's log
-                os.execv(argv[0], argv)
-        finally:
-            os._exit(0)
-    os.close(devnull)
-    os.waitpid(child, 0)
+    shell = os.posix_spawn(DETACH[0], [*DETACH, *argv], os.environ)
+    os.waitpid(shell, 0)
 
 
 def serve(fd: int, port: int, world_size: int, watched: str, poll: float = PID_POLL,

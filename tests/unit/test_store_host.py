@@ -23,3 +23,24 @@ def test_every_rank_of_a_launch_decides_alike(case, index, extra, expected):
 
 def test_one_process_needs_no_store():
     assert wanted(detect({}), {}) is False
+
+
+def test_the_store_host_is_started_as_nobodys_child_here_and_keeps_the_fds_it_is_given():
+    import os
+    import select
+    import sys
+
+    from slurmdist.store_host import _spawn_detached
+
+    reading, writing = os.pipe()
+    try:
+        report = f"import os; os.write({writing}, f'{{os.getpid()}} {{os.getppid()}}'.encode())"
+        _spawn_detached([sys.executable, "-c", report], [writing])
+        assert select.select([reading], [], [], 30)[0], "the spawned process never wrote to the fd it was given"
+        pid, parent = map(int, os.read(reading, 100).split())
+    finally:
+        os.close(reading)
+        os.close(writing)
+    assert parent != os.getpid()  # reparented: a command exec'd here never waits for it
+    with pytest.raises(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)
