@@ -135,6 +135,7 @@ def main() -> int:
         load_slurmdist()
     wait_for_everyone()
     imported = time.time()
+    cpu_start = time.process_time()
     rank, world, device, stop = STARTS[mode]()
     ready = time.time()
     tensor = torch.ones(1, device=device)
@@ -142,11 +143,12 @@ def main() -> int:
     if device.type == "cuda":
         torch.cuda.synchronize()
     done = time.time()
+    cpu = time.process_time() - cpu_start
     if int(tensor.item()) != world:
         print(f"rank {rank}: all_reduce gave {tensor.item()}, expected {world}", file=sys.stderr)
         return 1
     record = {"rank": rank, "world": world, "process": PROCESS_START, "start": imported, "ready": ready,
-              "done": done, "backend": str(dist.get_backend()), "phases": PHASES}
+              "done": done, "cpu": cpu, "backend": str(dist.get_backend()), "phases": PHASES}
     # A file per rank: launchers merge their children's stdout, and lines from two ranks can interleave.
     with open(os.path.join(os.environ.get("BENCH_RESULT_DIR", "."), f"rank{rank}.json"), "w") as out:
         json.dump(record, out)

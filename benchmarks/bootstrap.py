@@ -44,6 +44,7 @@ class Result:
 
     wall: List[float] = field(default_factory=list)
     per_rank: List[float] = field(default_factory=list)
+    cpu: List[float] = field(default_factory=list)  # per rank: CPU time of the process (all its threads)
     after_last: List[float] = field(default_factory=list)
     phases: List[Dict[str, float]] = field(default_factory=list)  # per rank, slurmdist workers only
     failure: Optional[Failure] = None
@@ -51,6 +52,7 @@ class Result:
     def add(self, wall: float, records: List[dict]) -> None:
         self.wall.append(wall)
         self.per_rank += [r["done"] - r["start"] for r in records]
+        self.cpu += [r["cpu"] for r in records if "cpu" in r]
         self.phases += [{**r["phases"], "total": r["done"] - r["start"]} for r in records if r.get("phases")]
         self.after_last.append(max(r["done"] for r in records) - max(r["start"] for r in records))
 
@@ -242,12 +244,14 @@ def rows_for(ranks: int, results: Dict[str, Result]) -> List[List[str]]:
     rows = []
     for name, result in results.items():
         if result.failure is not None:
-            rows.append([str(ranks), name, f"failed: {result.failure.reason}", "", "", "", "", "", ""])
+            rows.append([str(ranks), name, f"failed: {result.failure.reason}", "", "", "", "", "", "", ""])
             continue
         per_rank, after, wall = stats(result.per_rank), stats(result.after_last), stats(result.wall)
+        cpu = stats(result.cpu)
         rows.append([
             str(ranks), f"**{name}**" if name == OURS else name,
             _msm(per_rank), ratio(per_rank.median, ours_rank.median) if per_rank and ours_rank else "n/a",
+            seconds(cpu.median) if cpu else "n/a",
             seconds(after.median) if after else "n/a",
             _msm(wall), ratio(wall.median, ours_wall.median) if wall and ours_wall else "n/a",
             str(len(result.wall)), str(len(result.per_rank)),
@@ -266,6 +270,8 @@ EXPLANATION = [
     "before that point: the torch workers import torch.distributed, the slurmdist worker the modules `init()` "
     "runs on, as `from slurmdist import init` does (their loading time is the phase table's first line; a "
     "script that writes `import slurmdist` and calls `slurmdist.init()` pays it inside init instead).",
+    "- **CPU per rank**: the CPU time each rank's process (all its threads, rank 0's store server included) "
+    "spent over the same span. With more ranks than cores, one rank's CPU is every rank's wait.",
     "- **last rank in -> last rank done**: the same, for the job as a whole (from the last rank entering init).",
     "- **job wall time**: the launch command from start to exit, including interpreter start-up, importing "
     "torch (the bulk of it here), the launcher's own work and teardown. For srun it includes Slurm allocating "
@@ -281,10 +287,11 @@ EXPLANATION = [
     "- **why `slurmdist.init()` is above torchrun per rank**: torchrun's agent did the rendezvous and started "
     "the store before its workers existed, so a worker's `init_process_group()` only joins a listening store "
     "and builds the gloo mesh. `init()` does that work itself, in every rank: it reads the launch, rank 0 "
-    "starts the store while the others wait for it to listen, and every rank checks in. The by-hand row, "
-    "which does only the store part, is already above torchrun. Here 4-8 ranks share 2 cores, so each "
-    "millisecond of CPU one rank spends costs every rank 2-4 ms. What slurmdist shortens is the launch as a "
-    "whole (job wall time): no agent process and no separate rendezvous round.",
+    "listens and starts the store while the others join it, and every rank checks in (a few store round "
+    "trips). The by-hand row, which does only the store part, is above torchrun too. Here 4-8 ranks share 2 "
+    "cores, so each millisecond of CPU one rank spends costs every rank 2-4 ms (the CPU column). What "
+    "slurmdist shortens is the launch as a whole (job wall time): no agent process and no separate rendezvous "
+    "round.",
     "- **torchrun-style script + srun slurmdist run**: the torch worker (`init_process_group()` over env://, "
     "as under torchrun) started by `srun slurmdist run`, whose rank 0 serves the store from before the command "
     "starts, as torchrun's agent does (docs/init.md). `--no-store` is the same launch without that store "
@@ -302,13 +309,14 @@ EXPLANATION = [
 ]
 
 HEADER = ["ranks", "launch", "per rank: init -> all_reduce done, median (min-max)", "/ slurmdist's",
+          "CPU per rank (median)",
           "last rank in -> last rank done (median)", "job wall time, median (min-max)", "/ slurmdist's", "runs",
           "rank samples"]
 
 
 def run(ctx: Context) -> Section:
     sizes = list(ctx.ranks) if ctx.ranks else ([4] if ctx.quick else [4, 8])
-    runs = ctx.runs(2, 1)
+    runs = ctx.runs(4, 1)
     if ctx.use_allocation:
         ctx.img_dir.parent.mkdir(parents=True, exist_ok=True)
         use_allocation(str(ctx.img_dir.parent.resolve()))
