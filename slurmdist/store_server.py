@@ -7,11 +7,11 @@ of being refused and retried. Both rank 0 inside `init()` and `slurmdist run`'s 
 
 from __future__ import annotations
 
-import contextlib
 import errno
+import os
 import socket
 from datetime import timedelta
-from typing import Any, Optional
+from typing import Any, Optional, Tuple
 
 from .distenv import LOOPBACK
 from .errors import RendezvousError
@@ -26,34 +26,47 @@ def port_in_use(port: int, where: str, who: str = "rank 0") -> RendezvousError:
 
 def listen(port: int, who: str = "rank 0") -> socket.socket:
     """A socket listening on `port` (0: the kernel's choice) on every interface (IPv6 and IPv4 where the host
-    has both), as torch's own store server would; a `RendezvousError` naming the port when another process
-    holds it or it cannot be listened on. `who` says which process failed, in that message."""
+    has both, else IPv4), as torch's own store server would; a `RendezvousError` naming the port when another
+    process holds it or it cannot be listened on. `who` says which process failed, in that message."""
     try:
         if socket.has_dualstack_ipv6():
-            return socket.create_server(("", port), family=socket.AF_INET6, dualstack_ipv6=True,
-                                        backlog=socket.SOMAXCONN)
+            try:
+                return socket.create_server(("", port), family=socket.AF_INET6, dualstack_ipv6=True,
+                                            backlog=socket.SOMAXCONN)
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE:
+                    raise
         return socket.create_server(("", port), backlog=socket.SOMAXCONN)
     except OSError as exc:
         if exc.errno == errno.EADDRINUSE:
             raise port_in_use(port, f"*:{port}", who) from None
-        raise RendezvousError(f"{who} cannot listen on MASTER_PORT={port}: {exc.strerror or exc} "
-                              "(ports below 1024 need root); set MASTER_PORT to a free port above 1024") from None
+        fix = ("ports below 1024 need root: set MASTER_PORT to a free port above 1024" if exc.errno == errno.EACCES
+               else "set MASTER_PORT to a free port, or check this node's network configuration")
+        raise RendezvousError(f"{who} cannot listen on the rendezvous port {port}: {exc.strerror or exc}; "
+                              f"{fix}") from None
 
 
 def serve(dist: Any, fd: int, port: int, world_size: Optional[int], timeout: float = 60.0) -> Any:
-    """A TCPStore server on the listening socket `fd`, which it then owns. torch's libuv server takes a socket
-    only from torch 2.8 on (earlier ones raise "does not support initialization with an listen fd"): those
-    get the classic server, which always could."""
-    def serve_with(**backend: bool) -> Any:
+    """A TCPStore server on the listening socket `fd`, which it then owns (it closes `fd` when it fails after
+    taking it, or with the store). torch's libuv server takes a socket only from torch 2.8 on (earlier ones
+    raise "does not support initialization with an listen fd" before taking it): those get the classic
+    server, which always could. A torch without `master_listen_fd` at all (2.0) gets the port itself: the
+    socket is closed and the store binds the same port again."""
+    def serve_with(**options: Any) -> Any:
         return dist.TCPStore(LOOPBACK, port, world_size, True, timedelta(seconds=timeout), wait_for_workers=False,
-                             master_listen_fd=fd, **backend)
+                             **options)
 
     try:
+        return serve_with(master_listen_fd=fd)
+    except TypeError as exc:
+        if "master_listen_fd" in str(exc):  # pybind lists the signatures it knows: this torch has the argument
+            raise
+        os.close(fd)
         return serve_with()
     except (NotImplementedError, RuntimeError) as exc:
         if "listen fd" not in str(exc):
             raise
-        return serve_with(use_libuv=False)
+        return serve_with(master_listen_fd=fd, use_libuv=False)
 
 
 def serve_here(port: int, timeout: float, who: str = "rank 0") -> Any:
@@ -63,11 +76,25 @@ def serve_here(port: int, timeout: float, who: str = "rank 0") -> Any:
 
     listener = listen(port, who)
     bound = listener.getsockname()[1]
+    identity = _identity(listener.fileno())
     try:
         store = serve(dist, listener.fileno(), bound, None, timeout)
     except BaseException:
-        with contextlib.suppress(OSError):
+        # The store may have closed the descriptor already (it fails after taking it when its own client
+        # cannot connect), and another thread may have got the number since: close only our own socket.
+        if _identity(listener.fileno()) == identity:
             listener.close()
+        else:
+            listener.detach()
         raise
     listener.detach()  # the store owns the descriptor now and closes it with the store
     return store
+
+
+def _identity(fd: int) -> Optional[Tuple[int, int]]:
+    """(device, inode) of what `fd` refers to; None when it is closed."""
+    try:
+        found = os.fstat(fd)
+    except OSError:
+        return None
+    return found.st_dev, found.st_ino

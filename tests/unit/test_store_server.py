@@ -46,13 +46,32 @@ def test_a_torch_whose_libuv_server_refuses_a_socket_gets_the_classic_server():
     assert _serve_and_join(Torch27) == b"client"
 
 
+def test_a_torch_without_master_listen_fd_gets_the_port_itself():
+    import torch.distributed as dist
+
+    class Torch20:
+        """torch 2.0: TCPStore has no master_listen_fd (nor use_libuv); pybind refuses unknown arguments."""
+
+        @staticmethod
+        def TCPStore(*args, **kwargs):
+            if "master_listen_fd" in kwargs or "use_libuv" in kwargs:
+                raise TypeError("__init__(): incompatible constructor arguments. The following argument types are "
+                                "supported: 1. TCPStore(host_name: str, port: int, world_size: Optional[int] = None, "
+                                "is_master: bool = False, timeout: timedelta, wait_for_workers: bool = True, "
+                                "multi_tenant: bool = False)")
+            return dist.TCPStore(*args, **kwargs)
+
+    assert _serve_and_join(Torch20) == b"client"
+
+
 def test_a_port_that_cannot_be_listened_on_is_named(monkeypatch):
 
     def refused(*args, **kwargs):
         raise PermissionError(errno.EACCES, "Permission denied")
 
     monkeypatch.setattr(socket, "create_server", refused)
-    with pytest.raises(RendezvousError, match="MASTER_PORT=80: Permission denied"):
+    with pytest.raises(RendezvousError, match="rank 0 cannot listen on the rendezvous port 80: Permission denied; "
+                                              "ports below 1024 need root"):
         store_server.listen(80)
 
 
@@ -85,6 +104,55 @@ def test_serving_here_on_a_port_another_process_holds_names_the_port():
         port = squatter.getsockname()[1]
         with pytest.raises(RendezvousError, match=f"rank 0 cannot listen on the rendezvous port {port}"):
             store_server.serve_here(port, 5.0)
+
+
+def test_serving_here_listens_before_the_store_starts(monkeypatch):
+    # The point of store_server: ranks that dial while the TCPStore starts find a listening port.
+    real_serve = store_server.serve
+    seen = {}
+
+    def serve_after_a_dial(dist, fd, port, world_size, timeout=60.0):
+        with socket.create_connection(("127.0.0.1", port), timeout=5):
+            seen["listening"] = True
+        return real_serve(dist, fd, port, world_size, timeout)
+
+    monkeypatch.setattr(store_server, "serve", serve_after_a_dial)
+    store = store_server.serve_here(0, 5.0)
+    assert seen == {"listening": True}
+    store.set("k", "v")
+    assert store.get("k") == b"v"
+
+
+def test_a_store_that_fails_to_start_leaves_the_port_free(monkeypatch):
+    def failing(dist, fd, port, world_size, timeout=60.0):
+        raise RuntimeError("the store's own client timed out")
+
+    monkeypatch.setattr(store_server, "serve", failing)
+    with socket.create_server(("", 0)) as probe:
+        port = probe.getsockname()[1]
+    with pytest.raises(RuntimeError, match="own client timed out"):
+        store_server.serve_here(port, 5.0)
+    with socket.create_server(("", port)):  # our socket was closed: the port is free again
+        pass
+
+
+def test_a_store_that_failed_after_closing_the_socket_leaves_a_reused_descriptor_alone(monkeypatch, tmp_path):
+    import os
+
+    reused = {}
+
+    def closes_then_fails(dist, fd, port, world_size, timeout=60.0):
+        os.close(fd)  # as torch does when it fails after taking the socket
+        reused["fd"] = os.open(tmp_path / "other", os.O_CREAT | os.O_RDWR)  # the lowest free number: fd's
+        reused["was"] = fd
+        raise RuntimeError("failed after taking the socket")
+
+    monkeypatch.setattr(store_server, "serve", closes_then_fails)
+    with pytest.raises(RuntimeError, match="after taking the socket"):
+        store_server.serve_here(0, 5.0)
+    assert reused["fd"] == reused["was"]
+    os.fstat(reused["fd"])  # still open: not closed as if it were the listening socket
+    os.close(reused["fd"])
 
 
 def test_serving_here_on_port_0_takes_the_kernels_choice():
