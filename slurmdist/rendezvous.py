@@ -134,11 +134,11 @@ def hostport(host: Optional[str], port: Optional[int]) -> str:
 
 
 class Lookup(NamedTuple):
-    """What a bounded name lookup found: the addresses (none when the name is unknown or the lookup ran out
-    of time), and whether it ran out of time (a name server that does not answer, not an unknown name)."""
+    """What a bounded name lookup found: the addresses (none when it found nothing), and, when the name
+    server did not give an answer, why (no answer in time, or a temporary failure): the name may be fine."""
 
     found: List[str]
-    timed_out: bool = False
+    server_failed: Optional[str] = None
 
 
 def lookup(host: str, timeout: float = 10.0) -> Lookup:
@@ -151,10 +151,20 @@ def lookup(host: str, timeout: float = 10.0) -> Lookup:
             lambda: socket.getaddrinfo(lookup_form(host), None, type=socket.SOCK_STREAM), timeout, "resolve"
         )
     except TimeoutError:
-        return Lookup([], timed_out=True)
+        return Lookup([], f"took longer than {timeout:.1f} s")
+    except socket.gaierror as exc:
+        # EAI_AGAIN: the resolver gave up on its name servers (unreachable, or its own shorter timeout).
+        return Lookup([], f"failed ({exc.strerror})" if exc.errno == socket.EAI_AGAIN else None)
     except (OSError, UnicodeError):
         return Lookup([])
     return Lookup(list(dict.fromkeys(info[4][0] for info in infos)))
+
+
+def lookup_failure(what: str, answer: Lookup) -> str:
+    """'<what> does not resolve', or, when the name server gave no answer, what happened to the lookup."""
+    if answer.server_failed is None:
+        return f"{what} does not resolve"
+    return f"the lookup of {what} {answer.server_failed}: its name server does not answer (check /etc/resolv.conf)"
 
 
 def addresses(host: str, timeout: float = 10.0) -> List[str]:
@@ -215,8 +225,7 @@ def resolve_addresses(host: str, environ: Mapping[str, str], timeout: float = 10
     deadline = Deadline(timeout)
     # The name lookup gets half of the bound at most: a name server that never answers must leave time to ask
     # Slurm for the NodeAddr.
-    name_bound = deadline.at_most(timeout / 2)
-    own = lookup(bare, name_bound)
+    own = lookup(bare, deadline.at_most(timeout / 2))
     if own.found:
         return bare, own.found
 
@@ -235,9 +244,9 @@ def resolve_addresses(host: str, environ: Mapping[str, str], timeout: float = 10
     if found:
         log.debug("master %s does not resolve; using its Slurm NodeAddr %s", bare, node_addr)
         return strip_brackets(str(node_addr)), found
-    failed = (f"the lookup of master host {bare!r} took longer than {name_bound:.1f} s (a name "
-              "server that does not answer: check /etc/resolv.conf)" if own.timed_out
-              else f"master host {bare!r} does not resolve (DNS / /etc/hosts)")
+    failed = lookup_failure(f"master host {bare!r}", own)
+    if own.server_failed is None:
+        failed += " (DNS / /etc/hosts)"
     raise RendezvousError(
         f"{failed} and Slurm gave no usable NodeAddr for it "
         f"(scontrol show node {bare}{' -> ' + node_addr if node_addr else ''}); set MASTER_ADDR to an IP "
@@ -433,14 +442,11 @@ def wait_listening(
     last: Optional[BaseException] = None
     # Never a name to connect to: each connect would look it up again, unbounded, at every poll.
     if not candidates:
-        bound = deadline.at_most(LOOKUP_BOUND)
-        answer = lookup(host, bound)
+        answer = lookup(host, deadline.at_most(LOOKUP_BOUND))
         if not answer.found:
-            problem = (f"the lookup of the rendezvous store's host {host!r} took longer than {bound:.1f} s (a name "
-                       "server that does not answer)" if answer.timed_out
-                       else f"the rendezvous store's host {host!r} does not resolve")
+            failed = lookup_failure(f"the rendezvous store's host {host!r}", answer)
             raise RendezvousError(
-                f"{problem} (world size {world_size}): set MASTER_ADDR to an IP address or a name every node resolves"
+                f"{failed} (world size {world_size}): set MASTER_ADDR to an IP address or a name every node resolves"
             )
         candidates = answer.found
     while True:
