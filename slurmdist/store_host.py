@@ -71,20 +71,27 @@ def _watch_this_process() -> Tuple[str, Optional[int]]:
     return f"pidfd:{pidfd}", pidfd
 
 
-# Starts its arguments in the background and exits: the store host is then nobody's child here.
-DETACH = ("/bin/sh", "-c", '"$@" </dev/null >/dev/null &', "slurmdist-detach")
+# Start their arguments in the background and exit, so the store host is nobody's child here: a shell, else
+# (no /bin/sh, as in a distroless container) a bare Python that spawns it.
+DETACH_SHELL = ("/bin/sh", "-c", '"$@" </dev/null >/dev/null &', "slurmdist-detach")
+DETACH_PYTHON = (sys.executable, "-S", "-c", "import os, sys; os.posix_spawn(sys.argv[1], sys.argv[1:], os.environ)")
 
 
 def _spawn_detached(argv: List[str], fds: List[int]) -> None:
-    """Run `argv` as a grandchild that keeps `fds`: the intermediate shell exits at once (reaped here), so
-    the command exec'd next in this process never has the store host among its children. posix_spawn, not
-    fork: this process may have threads (a name lookup still running past its bound), and a forked child of
-    a threaded process can deadlock on a lock one of them held. stderr stays: the host's one message goes to
-    the task's log."""
+    """Run `argv` as a grandchild that keeps `fds`: the intermediate exits at once (reaped here), so the
+    command exec'd next in this process never has the store host among its children. posix_spawn, not fork:
+    this process may have threads (a name lookup still running past its bound), and a forked child of a
+    threaded process can deadlock on a lock one of them held. stderr stays: the host's one message goes to
+    the task's log. The shell starts it with SIGINT and SIGQUIT ignored, which the host ignores anyway."""
     for fd in fds:
         os.set_inheritable(fd, True)
-    shell = os.posix_spawn(DETACH[0], [*DETACH, *argv], os.environ)
-    os.waitpid(shell, 0)
+    try:
+        intermediate = os.posix_spawn(DETACH_SHELL[0], [*DETACH_SHELL, *argv], os.environ)
+    except FileNotFoundError:
+        quiet = [(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+                 (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0)]
+        intermediate = os.posix_spawn(DETACH_PYTHON[0], [*DETACH_PYTHON, *argv], os.environ, file_actions=quiet)
+    os.waitpid(intermediate, 0)
 
 
 def serve(fd: int, port: int, world_size: int, watched: str, poll: float = PID_POLL,

@@ -25,13 +25,16 @@ def test_one_process_needs_no_store():
     assert wanted(detect({}), {}) is False
 
 
-def test_the_store_host_is_started_as_nobodys_child_here_and_keeps_the_fds_it_is_given():
+@pytest.mark.parametrize("shell", ["/bin/sh", "/nonexistent/sh"])  # the second: no shell, as in a distroless image
+def test_the_store_host_is_started_as_nobodys_child_here_and_keeps_the_fds_it_is_given(shell, monkeypatch):
     import os
     import select
     import sys
 
+    from slurmdist import store_host
     from slurmdist.store_host import _spawn_detached
 
+    monkeypatch.setattr(store_host, "DETACH_SHELL", (shell, *store_host.DETACH_SHELL[1:]))
     reading, writing = os.pipe()
     try:
         report = f"import os; os.write({writing}, f'{{os.getpid()}} {{os.getppid()}}'.encode())"
