@@ -50,7 +50,7 @@ def _processes(ctx: Context, section: Section) -> None:
     names = [bootstrap.OURS, bootstrap.TORCHRUN]
     section.add(ctx.header(f"Bootstrap against world size {sizes[0]}..{sizes[-1]} processes: {' vs '.join(names)}",
                            f"{runs} interleaved runs per size, one from 16 ranks up (sizes the bootstrap benchmark "
-                           "already ran in this process are reused)"), "")
+                           "already ran in this process are reused, with its runs: the runs column)"), "")
     for ranks in sizes:
         if not all((name, ranks) in bootstrap.RESULTS for name in names):
             bootstrap.measure(names, ranks, runs if ranks < 16 else 1, ctx)
