@@ -90,15 +90,14 @@ class StoreWatchdog:
         self.seconds = seconds
         self.endpoints: Set[Endpoint] = endpoints if endpoints is not None else set()
         self.cut = 0
-        self._lock = threading.Lock()  # the rendezvous ending and the timer firing exclude each other
-        self._over = False
+        self._lock = threading.Lock()  # the rendezvous ending and the watchdog cutting exclude each other
         self._ended = threading.Event()
 
     def _watch(self) -> None:
         if self._ended.wait(self.seconds):
             return
         with self._lock:
-            if not self._over:
+            if not self._ended.is_set():
                 self.cut = cut_connections(set(self.endpoints))
 
     @contextlib.contextmanager
@@ -109,5 +108,4 @@ class StoreWatchdog:
             yield self
         finally:
             with self._lock:
-                self._over = True
-            self._ended.set()
+                self._ended.set()
