@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
-import itertools
 import logging
 import socket
 import sys
-from typing import Dict, Iterable, Iterator, List, Mapping, Optional, Tuple, Union
+from typing import Iterable, Iterator, List, Mapping, Optional, Tuple, Union
 
 from .distenv import LOOPBACK
 from .errors import BackendError
@@ -136,14 +135,6 @@ def ipv6_addresses() -> Iterator[Tuple[str, bytes]]:
                     yield fields[5], bytes.fromhex(fields[0])
     except OSError:  # IPv6 disabled, or not Linux
         return
-
-
-def interface_addresses() -> Dict[str, List[bytes]]:
-    """This host's interfaces and all their addresses (packed); empty where it cannot be read."""
-    table: Dict[str, List[bytes]] = {}
-    for name, packed in itertools.chain(ipv4_addresses(), ipv6_addresses()):
-        table.setdefault(name, []).append(packed)
-    return table
 
 
 def interface_with(address: str) -> Optional[str]:

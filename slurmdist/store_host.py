@@ -27,8 +27,8 @@ import threading
 import time
 from typing import List, Mapping, Optional, Sequence, Tuple
 
-from .distenv import DistEnv
 from . import store_server
+from .distenv import DistEnv
 from .rendezvous import DEFAULT_TIMEOUT, agent_serves_store
 
 PID_POLL = 0.2  # seconds between checks that the command is still running, where there is no pidfd
