@@ -8,7 +8,7 @@ import pytest
 
 from tests.integration.cluster import client_environ
 from tests.integration.workers.launch import (
-    ALLREDUCE, PYTHON, check_allreduce, clean_environ, finish, free_port, run, start_ranks, tool,
+    ALLREDUCE, PYTHON, check_allreduce, clean_environ, finish, free_port, run, start_ranks, stderr_until, tool,
 )
 
 pytestmark = pytest.mark.integration
@@ -66,16 +66,16 @@ def test_init_again_after_shutdown_waits_out_rank_0s_previous_store():
 
 def test_ranks_that_retry_after_a_timeout_meet_a_rank_that_came_late():
     # The same script everywhere, retrying init() after a timeout: ranks 0-1 give up after 3 s and call init()
-    # again, rank 2 starts 6 s later. A retry must meet a rank that is on its first call.
+    # again; rank 2 starts only once rank 0 has retried (a fixed delay raced the early ranks' torch import on
+    # busy cores). A retry must meet a rank that is on its first call.
     port = free_port()
     early = start_ranks([0, 1], 3, port, SLURMDIST_INIT_TIMEOUT="3", INIT_RETRIES="8")
-    time.sleep(6)
+    retried = stderr_until(early[0], "attempt 0 failed, retrying")  # rank 0 did retry: the test tests something
     late = start_ranks([2], 3, port, SLURMDIST_INIT_TIMEOUT="3", INIT_RETRIES="8")
     results = finish(early + late)
     for result in results:
-        assert result.returncode == 0, result.stderr
+        assert result.returncode == 0, retried + result.stderr
     check_allreduce("".join(r.stdout for r in results), 3)
-    assert "attempt 0 failed, retrying" in results[0].stderr  # rank 0 did retry: the test tested something
 
 
 def test_this_cpu_torch_in_a_job_slurm_gave_gpus_warns_and_still_runs_gloo():

@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 import os
 import re
+import select
 import shutil
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
@@ -78,6 +80,20 @@ def finish(procs: Sequence[subprocess.Popen]) -> List[subprocess.CompletedProces
             out, err = proc.communicate()
         done.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
     return done
+
+
+def stderr_until(proc: subprocess.Popen, marker: str, timeout: float = RUN_TIMEOUT) -> str:
+    """What `proc` wrote to stderr up to and including `marker`, read as it runs (raw from the pipe, so
+    `finish()` still collects the rest); an AssertionError with what was read when `marker` never came."""
+    fd = proc.stderr.fileno()
+    text, end = b"", time.monotonic() + timeout
+    while marker.encode() not in text:
+        left = end - time.monotonic()
+        chunk = os.read(fd, 4096) if left > 0 and select.select([fd], [], [], left)[0] else b""
+        if not chunk:
+            raise AssertionError(f"{marker!r} never appeared on stderr: {text.decode(errors='replace')[-2000:]}")
+        text += chunk
+    return text.decode(errors="replace")
 
 
 def run(args: Sequence[str], env: Dict[str, str], timeout: float = RUN_TIMEOUT) -> subprocess.CompletedProcess:
