@@ -8,7 +8,7 @@ and this machine's DNS server leaves some queries unanswered). Phase by phase wi
 the store between phases), it runs for each of its ranks:
 
 - baseline: what any store-based start needs, one `add` to a counter and one `wait` for a "go" key;
-- slurmdist: `Rendezvous.check_in()` then `Rendezvous.wait_all()`, the real code `init()` runs;
+- slurmdist: `current_keys()` and `Rendezvous.check_in()`, then `Rendezvous.wait_all()`, the real code `init()` runs;
 - the failure path once: with every 8th rank absent, one rank's `Rendezvous.fail()` names the missing ones.
 
 Prints one JSON line of seconds per phase. Standalone script, so it can be started from anywhere.
@@ -62,12 +62,13 @@ def main() -> int:
                        node_rank=rank, num_nodes=world, master_addr=host, master_port=port, job_id="bench")
 
     deadline = rendezvous.Deadline(300.0)
-    keys = rendezvous.Keys(f"{prefix}/ok")
-    meetings = [rendezvous.Rendezvous(c, env(r), keys, deadline) for r, c in zip(range(first, last), clients)]
     barrier(control, f"{prefix}/b/ready", workers)
     start = time.perf_counter()
-    for meeting in meetings:
-        meeting.check_in()
+    meetings = []
+    for rank, client in zip(range(first, last), clients):  # as connect() does: the attempt, then the check-in
+        meetings.append(rendezvous.Rendezvous(client, env(rank), rendezvous.current_keys(client, f"{prefix}/ok", world),
+                                              deadline))
+        meetings[-1].check_in()
     times["slurmdist_check_in"] = time.perf_counter() - start
     barrier(control, f"{prefix}/b/checked", workers)
     start = time.perf_counter()

@@ -475,10 +475,12 @@ def open_store(
     *,
     serve: bool = False,
     candidates: Sequence[str] = (),
+    agent_listens: bool = False,
 ) -> Tuple[Any, Optional[str]]:
     """A TCPStore at host:port: served here when `serve` (rank 0, port 0 = kernel's choice), else joined.
     Also returns the address a joined store answered at (None when served here); `candidates` are the
-    addresses `host` resolved to, when the caller has them."""
+    addresses `host` resolved to, when the caller has them. `agent_listens`: an agent opened the port before
+    this process started (torchrun's, or slurmdist run's store host)."""
     host = strip_brackets(host)
     where = hostport(host, port)
     if serve:
@@ -486,6 +488,13 @@ def open_store(
             return store_server.serve_here(port, deadline.remaining()), None
         except RuntimeError as exc:
             raise RendezvousError(f"rank 0 cannot host the rendezvous store at {where}: {exc}") from None
+    if agent_listens and len(candidates) == 1:
+        # Nothing to wait for and nobody else on the port: join at once, on this thread. Each rank's probe,
+        # thread and handshake cost the agent and the other ranks CPU on a busy node; the watchdog still
+        # bounds an agent that stops answering.
+        peer = candidates[0]
+        deadline.endpoints.add((peer, port))
+        return _join_agent_store(_dialable(peer, host), port, where, rank, world_size, deadline), peer
     peer = wait_listening(host, port, deadline, world_size, candidates)
     deadline.endpoints.add((peer, port))
     return _join_store(_dialable(peer, host), port, where, rank, world_size, deadline), peer
@@ -525,18 +534,36 @@ def _join_store(dial: str, port: int, where: str, rank: int, world_size: int, de
         ) from None
 
 
-def _rank0_checked_in(store: Any, ready_key: str, deadline: Deadline) -> bool:
-    """False when the store closed before rank 0 checked in (a store on its way out); a timeout counts as
-    True, so the rendezvous goes on to report who never arrived."""
+def _join_agent_store(dial: str, port: int, where: str, rank: int, world_size: int, deadline: Deadline) -> Any:
+    import torch.distributed as dist
+
     try:
-        store.wait([ready_key], timedelta(seconds=deadline.remaining()))
+        return dist.TCPStore(dial, port, None, False, timedelta(seconds=deadline.remaining()))
+    except RuntimeError as exc:
+        raise RendezvousError(
+            f"rank {rank} could not join the rendezvous store its agent serves at {where} (world size "
+            f"{world_size}): {_first_line(exc)}. The agent (torchrun, or slurmdist run's store host on rank 0's "
+            "node) has exited or is unreachable from here: see its log"
+        ) from None
+
+
+def rank0_keys(store: Any, base: str, deadline: Deadline) -> Optional[Keys]:
+    """The keys of the store rank 0 serves, once rank 0 is there: it writes the state under `base` first thing,
+    and only it creates that key on its own store. None for a store on its way out: one that closed before rank
+    0 came (its previous group's, after `shutdown()`), or one whose attempt failed (rank 0 serves a fresh store
+    for each attempt, and closes this one once the others have read the verdict). A timeout gives attempt 0's
+    keys, so the rendezvous goes on to report that rank 0 never arrived."""
+    try:
+        keys = _keys_of(store.get(state_key(base)).decode(), base)
+        if keys.attempt > 0:  # rank 0 never checks in to a later attempt here: this waits for the close
+            store.wait([keys.arrived(0)], timedelta(seconds=deadline.remaining()))
+        return keys
     except RuntimeError as exc:
         if deadline.expired() or _is_timeout(exc):
-            return True
+            return Keys(base)
         if _store_closed(exc):
-            return False
+            return None
         raise
-    return True
 
 
 def _is_timeout(exc: BaseException) -> bool:
@@ -571,33 +598,42 @@ def store_stopped_answering(env: DistEnv, deadline: Deadline) -> RendezvousError
 class Keys:
     """Store keys of one rendezvous attempt. `base` separates jobs, torchrun restarts and the groups a
     process forms one after another; `attempt`, counted on the store, separates failed attempts: a retry
-    never reads an earlier attempt's verdict, and a rank that missed an attempt meets the others' retry."""
+    never reads an earlier attempt's verdict, and a rank that missed an attempt meets the others' retry.
+    `told` is the world size the first rank under `base` was told (None when the store was not asked)."""
 
-    __slots__ = ("prefix", "attempt", "attempts", "count", "verdict", "reporter", "seen", "reach", "world")
+    __slots__ = ("prefix", "attempt", "told", "state", "count", "verdict", "reporter", "seen", "reach")
 
-    def __init__(self, base: str, attempt: int = 0) -> None:
-        self.attempt = attempt
-        self.attempts = attempts_key(base)  # how many attempts under `base` have failed
+    def __init__(self, base: str, attempt: int = 0, told: Optional[int] = None) -> None:
+        self.attempt, self.told = attempt, told
+        self.state = state_key(base)  # "ATTEMPT WORLD": failed attempts under `base`, the first rank's world size
         self.prefix = prefix = f"{base}/{attempt}"
         self.count = f"{prefix}/count"  # ranks checked in
         self.verdict = f"{prefix}/verdict"  # 'go', or what went wrong
         self.reporter = f"{prefix}/reporter"  # the first rank to notice a failure writes the verdict
         self.seen = f"{prefix}/seen"  # ranks that read a failed verdict (rank 0 waits for them)
         self.reach = f"{prefix}/reach"  # the address a rank on another node reached the master's node at
-        self.world = f"{prefix}/world"  # the world size the first rank to check in was told
 
     def arrived(self, rank: int) -> str:
         return f"{self.prefix}/arrived/{rank}"
 
+    def moved_on(self) -> Tuple[str, str]:
+        """The state this attempt left, and the next attempt's: a failing rank swaps one for the other."""
+        return f"{self.attempt} {self.told}", f"{self.attempt + 1} {self.told}"
 
-def attempts_key(base: str) -> str:
-    return f"{base}/attempts"
+
+def state_key(base: str) -> str:
+    return f"{base}/state"
 
 
-def current_keys(store: Any, base: str, served_here: bool = False) -> Keys:
-    """The keys of the attempt the store is at under `base`: one store round trip, none for a store this
-    rank has just started (no attempt has failed there yet)."""
-    return Keys(base) if served_here else Keys(base, int(store.add(attempts_key(base), 0)))
+def current_keys(store: Any, base: str, world_size: int) -> Keys:
+    """The keys of the attempt the store is at under `base`, and the world size the first rank there was
+    told, which this rank's `world_size` becomes when it is the first: one store round trip for both."""
+    return _keys_of(store.compare_set(state_key(base), "", f"0 {world_size}").decode(), base)
+
+
+def _keys_of(state: str, base: str) -> Keys:
+    attempt, _, told = state.partition(" ")
+    return Keys(base, int(attempt), int(told))
 
 
 def compress_ranks(ranks: Sequence[int]) -> str:
@@ -649,13 +685,14 @@ class Rendezvous:
         self.where = hostport(env.master_addr, env.master_port)
 
     def check_in(self) -> None:
-        """Say this rank is here (and, first, at which address it reached the master's node). A rank number
+        """Say this rank is here (and, first, on another node's local rank 0, at which address it reached the
+        master's node: the master's own node learns its interface from that). A rank number
         someone else already holds, or a world size other than the first rank's, fails every rank at once:
         two processes with one RANK, a WORLD_SIZE that differs between ranks, or another job on this port."""
         with self._store_errors():
-            if self.reach is not None:
+            if self.reach is not None and self.env.local_rank == 0:  # one rank per node says it: any one will do
                 self.store.set(self.keys.reach, self.reach)
-            conflict = self._claim()
+            conflict = self._claim() or self._world_conflict()
             if conflict is not None:
                 self.fail(problem=conflict)
             if self.store.add(self.keys.count, 1) == self.env.world_size:
@@ -664,18 +701,22 @@ class Rendezvous:
                     self.fail(late=True)
 
     def _claim(self) -> Optional[str]:
-        """Take this rank's arrival key and check the world size; what is wrong, or None."""
+        """Take this rank's arrival key; what is wrong, or None."""
         me = f"{socket.gethostname()} (pid {os.getpid()})"
         token = f"{me}#{os.urandom(6).hex()}"  # unique to this check-in, threads of one process included
         holder = self.store.compare_set(self.keys.arrived(self.env.rank), "", token).decode()
         if holder != token:
             return (f"rank {self.env.rank} checked in twice, from {holder.split('#')[0]} and from {me}: two "
                     f"processes have RANK={self.env.rank}, or another job uses this MASTER_PORT (set a different one)")
-        told = self.store.compare_set(self.keys.world, "", str(self.env.world_size)).decode()
-        if told != str(self.env.world_size):
-            return (f"rank {self.env.rank} was told WORLD_SIZE={self.env.world_size} but ranks before it were "
-                    f"told {told}: every rank must be started with the same world size")
         return None
+
+    def _world_conflict(self) -> Optional[str]:
+        """A world size other than the one the first rank was told (read with the attempt number); or None."""
+        told = self.keys.told
+        if told is None or told == self.env.world_size:
+            return None
+        return (f"rank {self.env.rank} was told WORLD_SIZE={self.env.world_size} but ranks before it were "
+                f"told {told}: every rank must be started with the same world size")
 
     def master_reach(self) -> str:
         """The address other nodes reach the master's node at. A rank that took the loopback shortcut learns it
@@ -712,8 +753,7 @@ class Rendezvous:
             if verdict != "go" or cause is not None:  # a failed attempt (not a stray process at a finished one)
                 # Every failing rank moves the store to the next attempt (only the first move counts) before it
                 # raises, so whichever rank retries first, every retry and every latecomer meets in the next.
-                attempt = str(self.keys.attempt)
-                self.store.compare_set(self.keys.attempts, attempt, str(self.keys.attempt + 1))
+                self.store.compare_set(self.keys.state, *self.keys.moved_on())
                 self.store.add(self.keys.seen, 1)
                 if self.env.rank == 0:  # the store lives in this process: let the others read the verdict
                     self._linger()
@@ -803,7 +843,7 @@ def connect(env: DistEnv, deadline: Deadline, environ: Mapping[str, str], genera
     base = run_prefix(env, environ, generation)
     if env.master_addr is None or env.master_port is None:
         store, env, reach = _mpi_store(env, deadline, environ)
-        keys = current_keys(store, base, served_here=env.rank == 0)
+        keys = current_keys(store, base, env.world_size)
     else:
         if names_this_host(env.master_addr, socket.gethostname()):
             # The store listens on every interface: ranks on the master's own node (rank 0 among them) reach
@@ -835,12 +875,15 @@ def open_meeting(
     pauses = poll_pauses()
     while True:
         store, peer = open_store(
-            host, env.master_port, env.rank, env.world_size, deadline, serve=serve, candidates=candidates
+            host, env.master_port, env.rank, env.world_size, deadline, serve=serve, candidates=candidates,
+            agent_listens=not rank0_serves,
         )
         try:
-            keys = current_keys(store, base, served_here=serve)
-            if serve or not rank0_serves or _rank0_checked_in(store, keys.arrived(0), deadline):
-                return store, peer, keys
+            # One round trip: the attempt, the first rank's world size, and (joining rank 0's store) rank 0's presence.
+            found = current_keys(store, base, env.world_size) if serve or not rank0_serves else rank0_keys(
+                store, base, deadline)
+            if found is not None:
+                return store, peer, found
             closed: BaseException = RuntimeError("it closed before rank 0 checked in there")
         except RuntimeError as exc:
             if not _store_closed(exc):

@@ -15,8 +15,9 @@ from slurmdist.distenv import DistEnv
 from slurmdist.errors import LaunchError, RendezvousError
 from slurmdist.launchers.slurm import hostfile_first_host
 from slurmdist.rendezvous import (
-    Deadline, addresses, attempts_key, compress_ranks, connect, hostfile_master, hostport, init_timeout,
-    mpi_comm, names_this_host, resolve_host, resolve_master, run_prefix, strip_brackets, wait_listening,
+    Deadline, addresses, compress_ranks, connect, hostfile_master, hostport, init_timeout,
+    mpi_comm, names_this_host, rank0_keys, resolve_host, resolve_master, run_prefix, state_key, strip_brackets,
+    wait_listening,
 )
 from tests.conftest import load_case, unresolved
 
@@ -314,7 +315,7 @@ def test_a_rank_that_missed_a_failed_attempt_meets_the_retry_at_an_agents_store(
     assert all("rank(s) 2 never arrived" in str(exc) for exc in first.values()), first
     retry, _ = meet(3, [0, 1, 2], timeout=30, port=port, environ=AGENT_ENVIRON)
     assert retry == {0: None, 1: None, 2: None}
-    assert agent.add(attempts_key(run_prefix(env_of(0, 3, port), AGENT_ENVIRON, 0)), 0) == 1  # moved on once
+    assert agent.get(state_key(run_prefix(env_of(0, 3, port), AGENT_ENVIRON, 0))) == b"1 3"  # moved on once
 
 
 def test_a_rank_that_checks_in_to_a_failed_attempt_leaves_it_at_once(agent_store):
@@ -322,12 +323,58 @@ def test_a_rank_that_checks_in_to_a_failed_attempt_leaves_it_at_once(agent_store
     # their verdict and fails at once, instead of waiting its whole timeout for ranks that have moved on.
     port, agent = agent_store
     meet(2, [0], timeout=0.5, port=port, environ=AGENT_ENVIRON)
-    agent.set(attempts_key(run_prefix(env_of(0, 2, port), AGENT_ENVIRON, 0)), "0")  # read before rank 0 failed
+    agent.set(state_key(run_prefix(env_of(0, 2, port), AGENT_ENVIRON, 0)), "0 2")  # read before rank 0 failed
     started = time.monotonic()
     with pytest.raises(RendezvousError, match=r"rank\(s\) 1 never arrived") as raised:
         connect(env_of(1, 2, port), Deadline(30), AGENT_ENVIRON)  # gloo's ranks go from check-in to the mesh
     assert time.monotonic() - started < 15  # not the 30 s timeout
     assert "rank 1 came after the others had given up on this attempt" in str(raised.value)  # not a lost rank
+
+
+def test_a_rank_joining_rank_0s_store_reads_the_attempt_and_world_size_rank_0_wrote(agent_store):
+    import torch.distributed as dist
+
+    port, served = agent_store  # stands for rank 0's own store here
+    served.compare_set(state_key("job"), "", "0 3")
+    joined = dist.TCPStore("127.0.0.1", port, None, False, timedelta(seconds=5))
+    keys = rank0_keys(joined, "job", Deadline(5))
+    assert (keys.attempt, keys.told, keys.prefix) == (0, 3, "job/0")
+
+
+def test_a_rank_joining_a_store_whose_attempt_failed_waits_for_it_to_close_then_joins_again():
+    # Rank 0 serves a fresh store for every attempt; the one it still lingers on is on its way out.
+    import torch.distributed as dist
+
+    port = free_port()
+    served = dist.TCPStore("127.0.0.1", port, None, True, timedelta(seconds=30), wait_for_workers=False)
+    served.set(state_key("job"), "1 3")
+    joined = dist.TCPStore("127.0.0.1", port, None, False, timedelta(seconds=30))
+    answer = []
+    reader = threading.Thread(target=lambda: answer.append(rank0_keys(joined, "job", Deadline(30))))
+    reader.start()
+    time.sleep(0.5)
+    assert reader.is_alive()  # not before the store closes
+    del served
+    reader.join(20)
+    assert answer == [None]
+
+
+def test_a_rank_0_that_never_writes_its_state_leaves_attempt_0_to_report_it_missing(agent_store):
+    import torch.distributed as dist
+
+    port, _ = agent_store
+    joined = dist.TCPStore("127.0.0.1", port, None, False, timedelta(seconds=0.5))
+    keys = rank0_keys(joined, "job", Deadline(0.5))
+    assert (keys.attempt, keys.told) == (0, None)
+
+
+def test_a_rank_whose_agent_is_gone_says_so_within_its_timeout():
+    port = free_port()  # nothing listens: torchrun's agent (or the store host) exited
+    started = time.monotonic()
+    with pytest.raises(RendezvousError, match=rf"rank 1 could not join the rendezvous store its agent serves at "
+                                              rf"127.0.0.1:{port} \(world size 2\).*has exited"):
+        connect(env_of(1, 2, port), Deadline(2), AGENT_ENVIRON)
+    assert time.monotonic() - started < 15
 
 
 def test_rank_0_never_started():
