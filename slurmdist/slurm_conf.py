@@ -30,14 +30,19 @@ def logical_lines(text: str) -> Iterator[str]:
     space between), then backslash escapes removed."""
     pending = ""
     for raw in text.splitlines():
-        line = _COMMENT.sub("", raw).rstrip()
+        # The regular expressions only where they can change something: most lines have no '#' and no '\\'.
+        line = (_COMMENT.sub("", raw) if "#" in raw else raw).rstrip()
         if line.endswith("\\") and not line.endswith("\\\\"):
             pending += line[:-1]
             continue
-        yield _ESCAPE.sub(r"\1", pending + line)
+        yield _unescape(pending + line)
         pending = ""
     if pending:
-        yield _ESCAPE.sub(r"\1", pending)
+        yield _unescape(pending)
+
+
+def _unescape(line: str) -> str:
+    return _ESCAPE.sub(r"\1", line) if "\\" in line else line
 
 
 def options(line: str) -> Dict[str, str]:
@@ -52,6 +57,8 @@ def node_addr(text: str, node: str) -> Optional[str]:
     from . import hostlist
 
     for line in logical_lines(text):
+        if "nodename" not in line.lower():  # most lines: no need to split them into options
+            continue
         fields = options(line)
         names_text = fields.get("nodename")
         if not names_text or names_text.upper() == "DEFAULT":

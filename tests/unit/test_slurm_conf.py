@@ -43,6 +43,10 @@ def test_slurms_own_key_value_rules(text):
     assert node_addr(text, "n2") == "10.0.0.2"
 
 
+def test_a_commented_out_node_line_says_nothing():
+    assert node_addr("#NodeName=n1 NodeAddr=10.0.0.1\nNodeName=n1 Feature=x # NodeAddr=10.0.0.2\n", "n1") is None
+
+
 def test_a_malformed_node_line_defers_to_scontrol():
     assert node_addr("NodeName=n[1-x] NodeAddr=10.0.0.[1-2]\n", "n1") is None
 
