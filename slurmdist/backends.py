@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
+import sys
 from typing import Any, Dict, Mapping, NamedTuple, Optional
 
 from .devices import visibility
@@ -17,6 +19,8 @@ from .errors import BackendError
 KNOWN_BACKENDS = ("nccl", "hccl", "mpi", "gloo")
 BACKEND_DEVICE = {"nccl": "cuda", "hccl": "npu", "mpi": "cpu", "gloo": "cpu"}
 DEVICE_TYPES = ("cpu", "cuda", "npu")
+# The Ascend driver's control device: every host and container that can see an NPU has it.
+ASCEND_DEVICE = "/dev/davinci_manager"
 
 
 # Records on init()'s path are NamedTuples: every rank defines them, and a dataclass costs about 1 ms to
@@ -53,7 +57,8 @@ def probe(requested: str = "auto") -> Capabilities:
             f"torch {torch.__version__} was built without torch.distributed; install a standard PyTorch wheel"
         )
     cuda_devices = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    wants_npu = "hccl" in requested or "npu" in requested or (requested == "auto" and cuda_devices == 0)
+    wants_npu = "hccl" in requested or "npu" in requested or (
+        requested == "auto" and cuda_devices == 0 and may_have_npus())
     torch_npu, npu_devices, npu_error = False, 0, None
     if wants_npu and importlib.util.find_spec("torch_npu") is not None:
         try:
@@ -76,6 +81,13 @@ def probe(requested: str = "auto") -> Capabilities:
         gloo=dist.is_gloo_available(),
         npu_import_error=npu_error,
     )
+
+
+def may_have_npus() -> bool:
+    """Could `auto` find NPUs here? Looking for torch_npu among the installed packages scans every import
+    path, a tenth of a millisecond per rank (more on a busy or network file system); a machine without the
+    Ascend driver's device has no NPU to find."""
+    return "torch_npu" in sys.modules or os.path.exists(ASCEND_DEVICE)
 
 
 def parse_backend(requested: str) -> Dict[str, str]:

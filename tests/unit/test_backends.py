@@ -73,6 +73,22 @@ def test_this_cpu_build():
             choose(backend, probe(backend))
 
 
+def test_auto_looks_for_torch_npu_only_where_an_ascend_device_could_be(monkeypatch, tmp_path):
+    import importlib.util
+
+    from slurmdist import backends
+
+    asked = []
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: asked.append(name) or real_find_spec(name, *a))
+    monkeypatch.setattr(backends, "ASCEND_DEVICE", str(tmp_path / "davinci_manager"))
+    assert probe("auto").npu_import_error is None and asked == []  # this machine: no NPU to find
+    (tmp_path / "davinci_manager").touch()
+    assert probe("auto").npu_import_error == "torch_npu is not installed" and asked == ["torch_npu"]
+    (tmp_path / "davinci_manager").unlink()
+    assert probe("hccl").npu_import_error == "torch_npu is not installed"  # asked for by name: always looked for
+
+
 def test_split_device():
     assert split_device(None) == (None, None)
     assert split_device("cuda:1") == ("cuda", 1)
