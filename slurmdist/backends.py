@@ -46,8 +46,9 @@ class BackendChoice(NamedTuple):
     device_type: str
 
 
-def probe(requested: str = "auto") -> Capabilities:
-    """Ask torch what it can do. Imports torch_npu only when an NPU backend could be chosen."""
+def probe(requested: str = "auto", device_type: Optional[str] = None) -> Capabilities:
+    """Ask torch what it can do. Imports torch_npu only when an NPU backend could be chosen (or the caller
+    asked for an NPU device)."""
     requested = requested.strip().lower()
     import torch
     import torch.distributed as dist
@@ -57,7 +58,7 @@ def probe(requested: str = "auto") -> Capabilities:
             f"torch {torch.__version__} was built without torch.distributed; install a standard PyTorch wheel"
         )
     cuda_devices = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    wants_npu = "hccl" in requested or "npu" in requested or (
+    wants_npu = "hccl" in requested or "npu" in requested or device_type == "npu" or (
         requested == "auto" and cuda_devices == 0 and may_have_npus())
     torch_npu, npu_devices, npu_error = False, 0, None
     if wants_npu and importlib.util.find_spec("torch_npu") is not None:

@@ -98,7 +98,7 @@ def init(
 def _choose_device(env: DistEnv, backend: str, device: Any, environ: Mapping[str, str]) -> DistEnv:
     """Backend and device, decided and checked without touching the network."""
     device_type, index = backends.split_device(device)
-    caps = backends.probe(backend)
+    caps = backends.probe(backend, device_type)
     choice = backends.choose(backend, caps, device_type, environ)
     unused = backends.unused_gpus(backend, choice, caps, environ)
     if unused and env.local_rank == 0:  # once per node: the node's ranks share the cause

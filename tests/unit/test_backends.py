@@ -87,6 +87,7 @@ def test_auto_looks_for_torch_npu_only_where_an_ascend_device_could_be(monkeypat
     assert probe("auto").npu_import_error == "torch_npu is not installed" and asked == ["torch_npu"]
     (tmp_path / "davinci_manager").unlink()
     assert probe("hccl").npu_import_error == "torch_npu is not installed"  # asked for by name: always looked for
+    assert probe("auto", "npu").npu_import_error == "torch_npu is not installed"  # device="npu": looked for too
 
 
 def test_split_device():
