@@ -475,12 +475,12 @@ def open_store(
     *,
     serve: bool = False,
     candidates: Sequence[str] = (),
-    agent_listens: bool = False,
+    agent_serves: bool = False,
 ) -> Tuple[Any, Optional[str]]:
     """A TCPStore at host:port: served here when `serve` (rank 0, port 0 = kernel's choice), else joined.
     Also returns the address a joined store answered at (None when served here); `candidates` are the
-    addresses `host` resolved to, when the caller has them. `agent_listens`: an agent opened the port before
-    this process started (torchrun's, or slurmdist run's store host)."""
+    addresses `host` resolved to, when the caller has them. `agent_serves`: the port is an agent's
+    (torchrun's, or slurmdist run's store host), which no other program can hold."""
     host = strip_brackets(host)
     where = hostport(host, port)
     if serve:
@@ -488,16 +488,12 @@ def open_store(
             return store_server.serve_here(port, deadline.remaining()), None
         except RuntimeError as exc:
             raise RendezvousError(f"rank 0 cannot host the rendezvous store at {where}: {exc}") from None
-    if agent_listens and len(candidates) == 1:
-        # Nothing to wait for and nobody else on the port: join at once, on this thread. Each rank's probe,
-        # thread and handshake cost the agent and the other ranks CPU on a busy node; the watchdog still
-        # bounds an agent that stops answering.
-        peer = candidates[0]
-        deadline.endpoints.add((peer, port))
-        return _join_agent_store(_dialable(peer, host), port, where, rank, world_size, deadline), peer
+    # Polled even under an agent: slurmdist run's store host listens from rank 0's task, which srun starts
+    # beside the others, not before them.
     peer = wait_listening(host, port, deadline, world_size, candidates)
     deadline.endpoints.add((peer, port))
-    return _join_store(_dialable(peer, host), port, where, rank, world_size, deadline), peer
+    join = _join_agent_store if agent_serves else _join_store
+    return join(_dialable(peer, host), port, where, rank, world_size, deadline), peer
 
 
 def _dialable(peer: str, host: str) -> str:
@@ -535,6 +531,9 @@ def _join_store(dial: str, port: int, where: str, rank: int, world_size: int, de
 
 
 def _join_agent_store(dial: str, port: int, where: str, rank: int, world_size: int, deadline: Deadline) -> Any:
+    """`_join_store` on this thread: only a program squatting on the port leaves the handshake unanswered,
+    and none can hold an agent's port. A thread would cost every rank a start and a wake-up on busy cores;
+    the watchdog still bounds an agent that stops answering."""
     import torch.distributed as dist
 
     try:
@@ -543,7 +542,7 @@ def _join_agent_store(dial: str, port: int, where: str, rank: int, world_size: i
         raise RendezvousError(
             f"rank {rank} could not join the rendezvous store its agent serves at {where} (world size "
             f"{world_size}): {_first_line(exc)}. The agent (torchrun, or slurmdist run's store host on rank 0's "
-            "node) has exited or is unreachable from here: see its log"
+            "node) has just exited or is unreachable from here: see its log"
         ) from None
 
 
@@ -553,6 +552,7 @@ def rank0_keys(store: Any, base: str, deadline: Deadline) -> Optional[Keys]:
     0 came (its previous group's, after `shutdown()`), or one whose attempt failed (rank 0 serves a fresh store
     for each attempt, and closes this one once the others have read the verdict). A timeout gives attempt 0's
     keys, so the rendezvous goes on to report that rank 0 never arrived."""
+    keys = None
     try:
         keys = _keys_of(store.get(state_key(base)).decode(), base)
         if keys.attempt > 0:  # rank 0 never checks in to a later attempt here: this waits for the close
@@ -560,7 +560,7 @@ def rank0_keys(store: Any, base: str, deadline: Deadline) -> Optional[Keys]:
         return keys
     except RuntimeError as exc:
         if deadline.expired() or _is_timeout(exc):
-            return Keys(base)
+            return keys or Keys(base)
         if _store_closed(exc):
             return None
         raise
@@ -625,10 +625,25 @@ def state_key(base: str) -> str:
     return f"{base}/state"
 
 
-def current_keys(store: Any, base: str, world_size: int) -> Keys:
+def current_keys(store: Any, base: str, world_size: int, served_here: bool = False) -> Keys:
     """The keys of the attempt the store is at under `base`, and the world size the first rank there was
-    told, which this rank's `world_size` becomes when it is the first: one store round trip for both."""
+    told, which this rank's `world_size` becomes when it is the first: one store round trip for both.
+    `served_here`: rank 0 on the store it has just started, where it alone writes the state, and the others
+    wait for it (`rank0_keys`): a plain set, which wakes them on every torch (see `publish_once`)."""
+    if served_here:
+        store.set(state_key(base), f"0 {world_size}")
+        return Keys(base, 0, world_size)
     return _keys_of(store.compare_set(state_key(base), "", f"0 {world_size}").decode(), base)
+
+
+def publish_once(store: Any, key: str, value: str) -> str:
+    """Write `value` under `key` unless someone did first; the value the key holds. torch's classic store
+    server (the one that serves on a handed-over socket before torch 2.8, and every store before 2.4) wakes
+    no rank waiting on a key that compare_set wrote, so the winner writes it again with set."""
+    held = store.compare_set(key, "", value).decode()
+    if held == value:
+        store.set(key, value)
+    return held
 
 
 def _keys_of(state: str, base: str) -> Keys:
@@ -696,7 +711,7 @@ class Rendezvous:
             if conflict is not None:
                 self.fail(problem=conflict)
             if self.store.add(self.keys.count, 1) == self.env.world_size:
-                verdict = self.store.compare_set(self.keys.verdict, "", "go").decode()
+                verdict = publish_once(self.store, self.keys.verdict, "go")
                 if verdict != "go":  # the attempt failed just before this rank came: the others have left it
                     self.fail(late=True)
 
@@ -744,7 +759,7 @@ class Rendezvous:
         and this rank raises it whatever the verdict."""
         with self._store_errors(cause):
             if self.store.add(self.keys.reporter, 1) == 1 or problem is not None:
-                self.store.compare_set(self.keys.verdict, "", problem or self._missing_text())
+                publish_once(self.store, self.keys.verdict, problem or self._missing_text())
             else:
                 self._wait_for_report()
             verdict = _get(self.store, self.keys.verdict)
@@ -784,7 +799,7 @@ class Rendezvous:
         try:
             self.store.wait([self.keys.verdict], timedelta(seconds=VERDICT_GRACE))
         except RuntimeError:
-            self.store.compare_set(self.keys.verdict, "", f"{NOBODY_MISSING[1]} within {VERDICT_GRACE:.0f} s")
+            publish_once(self.store, self.keys.verdict, f"{NOBODY_MISSING[1]} within {VERDICT_GRACE:.0f} s")
 
     def _linger(self) -> None:
         arrived = int(self.store.add(self.keys.count, 0))
@@ -876,12 +891,14 @@ def open_meeting(
     while True:
         store, peer = open_store(
             host, env.master_port, env.rank, env.world_size, deadline, serve=serve, candidates=candidates,
-            agent_listens=not rank0_serves,
+            agent_serves=not rank0_serves,
         )
         try:
-            # One round trip: the attempt, the first rank's world size, and (joining rank 0's store) rank 0's presence.
-            found = current_keys(store, base, env.world_size) if serve or not rank0_serves else rank0_keys(
-                store, base, deadline)
+            # One read: the attempt, the first rank's world size and, joining rank 0's store, rank 0's presence.
+            if serve or not rank0_serves:
+                found: Optional[Keys] = current_keys(store, base, env.world_size, served_here=serve)
+            else:
+                found = rank0_keys(store, base, deadline)
             if found is not None:
                 return store, peer, found
             closed: BaseException = RuntimeError("it closed before rank 0 checked in there")

@@ -16,7 +16,7 @@ from slurmdist.errors import LaunchError, RendezvousError
 from slurmdist.launchers.slurm import hostfile_first_host
 from slurmdist.rendezvous import (
     Deadline, addresses, compress_ranks, connect, hostfile_master, hostport, init_timeout,
-    mpi_comm, names_this_host, rank0_keys, resolve_host, resolve_master, run_prefix, state_key, strip_brackets,
+    current_keys, mpi_comm, names_this_host, rank0_keys, resolve_host, resolve_master, run_prefix, state_key, strip_brackets,
     wait_listening,
 )
 from tests.conftest import load_case, unresolved
@@ -331,14 +331,79 @@ def test_a_rank_that_checks_in_to_a_failed_attempt_leaves_it_at_once(agent_store
     assert "rank 1 came after the others had given up on this attempt" in str(raised.value)  # not a lost rank
 
 
-def test_a_rank_joining_rank_0s_store_reads_the_attempt_and_world_size_rank_0_wrote(agent_store):
+@pytest.mark.parametrize("libuv", [True, False], ids=["libuv server", "classic server"])
+def test_a_rank_joining_rank_0s_store_waits_for_rank_0_to_write_its_state(libuv):
+    # torch's classic server (rank 0's before torch 2.8) wakes no waiter on a key written by compare_set.
     import torch.distributed as dist
 
-    port, served = agent_store  # stands for rank 0's own store here
-    served.compare_set(state_key("job"), "", "0 3")
-    joined = dist.TCPStore("127.0.0.1", port, None, False, timedelta(seconds=5))
-    keys = rank0_keys(joined, "job", Deadline(5))
-    assert (keys.attempt, keys.told, keys.prefix) == (0, 3, "job/0")
+    port = free_port()
+    served = dist.TCPStore("127.0.0.1", port, None, True, timedelta(seconds=30), wait_for_workers=False,
+                           use_libuv=libuv)
+    joined = dist.TCPStore("127.0.0.1", port, None, False, timedelta(seconds=20))
+    answer = []
+    reader = threading.Thread(target=lambda: answer.append(rank0_keys(joined, "job", Deadline(20))))
+    reader.start()
+    time.sleep(0.3)  # the read waits before rank 0 is there
+    started = time.monotonic()
+    current_keys(served, "job", 3, served_here=True)
+    reader.join(20)
+    assert time.monotonic() - started < 5
+    assert [(keys.attempt, keys.told, keys.prefix) for keys in answer] == [(0, 3, "job/0")]
+
+
+def test_every_waiting_rank_hears_go_from_an_agent_on_torchs_classic_server():
+    # An agent's store on torch before 2.4 (and rank 0's before 2.8) is the classic server.
+    import torch.distributed as dist
+
+    port = free_port()
+    agent = dist.TCPStore("127.0.0.1", port, None, True, timedelta(seconds=60), wait_for_workers=False,
+                          use_libuv=False)
+    started = time.monotonic()
+    outcome, _ = meet(3, [0, 1, 2], timeout=20, port=port, environ=AGENT_ENVIRON)
+    assert outcome == {0: None, 1: None, 2: None}
+    assert time.monotonic() - started < 10, "a rank waited out its timeout for 'go'"
+    del agent
+
+
+def test_a_rank_that_reached_the_store_of_a_failed_attempt_meets_rank_0_on_its_next_store():
+    import torch.distributed as dist
+
+    port = free_port()
+    base = run_prefix(env_of(0, 2, port), {}, 0)
+    failed = dist.TCPStore("127.0.0.1", port, None, True, timedelta(seconds=30), wait_for_workers=False)
+    failed.set(state_key(base), "1 2")  # rank 0's attempt 0 failed; it lingers, then serves a fresh store
+    outcome, meetings = {}, []  # rank 0's store must outlive rank 1's reads: kept in `meetings`
+
+    def rank_main(rank):
+        try:
+            meetings.append(connect(env_of(rank, 2, port), Deadline(30), {}))
+            meetings[-1].wait_all()
+            outcome[rank] = None
+        except Exception as exc:  # asserted on below
+            outcome[rank] = exc
+
+    late = threading.Thread(target=rank_main, args=(1,))
+    late.start()
+    time.sleep(1)
+    assert late.is_alive()  # waiting for the failed attempt's store to close
+    del failed
+    first = threading.Thread(target=rank_main, args=(0,))
+    first.start()
+    late.join(30), first.join(30)
+    assert outcome == {0: None, 1: None}
+    assert {meeting.keys.attempt for meeting in meetings} == {0}  # met on rank 0's fresh store
+
+
+def test_only_local_rank_0_of_another_node_says_where_it_reached_the_master(agent_store):
+    # 127.0.0.2 stands for the master's node seen from another node: no loopback shortcut, so a reach.
+    port, agent = agent_store
+    def env(rank, local_rank):
+        return DistEnv("torchrun", rank, local_rank, 4, 2, 1, 2, "127.0.0.2", port, "7")
+
+    second = connect(env(3, 1), Deadline(20), AGENT_ENVIRON)
+    assert second.reach == "127.0.0.2" and not agent.check([second.keys.reach])
+    first = connect(env(2, 0), Deadline(20), AGENT_ENVIRON)
+    assert agent.get(first.keys.reach) == b"127.0.0.2"
 
 
 def test_a_rank_joining_a_store_whose_attempt_failed_waits_for_it_to_close_then_joins_again():
@@ -368,13 +433,26 @@ def test_a_rank_0_that_never_writes_its_state_leaves_attempt_0_to_report_it_miss
     assert (keys.attempt, keys.told) == (0, None)
 
 
-def test_a_rank_whose_agent_is_gone_says_so_within_its_timeout():
-    port = free_port()  # nothing listens: torchrun's agent (or the store host) exited
-    started = time.monotonic()
-    with pytest.raises(RendezvousError, match=rf"rank 1 could not join the rendezvous store its agent serves at "
-                                              rf"127.0.0.1:{port} \(world size 2\).*has exited"):
-        connect(env_of(1, 2, port), Deadline(2), AGENT_ENVIRON)
-    assert time.monotonic() - started < 15
+def test_a_rank_whose_agent_went_away_as_it_joined_says_so():
+    # The port answered the poll, then the connection was dropped: the agent exited just then.
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        port = listener.getsockname()[1]
+
+        def drop_every_connection():
+            while True:
+                try:
+                    listener.accept()[0].close()
+                except OSError:
+                    return
+
+        threading.Thread(target=drop_every_connection, daemon=True).start()
+        started = time.monotonic()
+        with pytest.raises(RendezvousError, match=rf"rank 1 could not join the rendezvous store its agent serves "
+                                                  rf"at 127.0.0.1:{port} \(world size 2\).*has just exited"):
+            connect(env_of(1, 2, port), Deadline(5), AGENT_ENVIRON)
+        assert time.monotonic() - started < 15
 
 
 def test_rank_0_never_started():
