@@ -492,8 +492,7 @@ def open_store(
     # beside the others, not before them.
     peer = wait_listening(host, port, deadline, world_size, candidates)
     deadline.endpoints.add((peer, port))
-    join = _join_agent_store if agent_serves else _join_store
-    return join(_dialable(peer, host), port, where, rank, world_size, deadline), peer
+    return _join_store(_dialable(peer, host), port, where, rank, world_size, deadline, agent_serves), peer
 
 
 def _dialable(peer: str, host: str) -> str:
@@ -506,16 +505,20 @@ def _dialable(peer: str, host: str) -> str:
     return peer
 
 
-def _join_store(dial: str, port: int, where: str, rank: int, world_size: int, deadline: Deadline) -> Any:
+def _join_store(
+    dial: str, port: int, where: str, rank: int, world_size: int, deadline: Deadline, agent_serves: bool = False
+) -> Any:
+    """The store client. Rank 0's store is joined in a thread: the client's handshake ignores its timeout
+    when a listener never answers, which only a program squatting on the port does. None can hold an
+    agent's port, so that join runs on this thread (a thread costs every rank a start and a wake-up on busy
+    cores); the watchdog still bounds an agent that stops answering."""
     import torch.distributed as dist
 
+    def client() -> Any:
+        return dist.TCPStore(dial, port, None, False, timedelta(seconds=deadline.remaining()))
+
     try:
-        # In a thread: the client's handshake ignores its timeout when a listener never answers.
-        return call_with_timeout(
-            lambda: dist.TCPStore(dial, port, None, False, timedelta(seconds=deadline.remaining())),
-            deadline.remaining(),
-            "store-connect",
-        )
+        return client() if agent_serves else call_with_timeout(client, deadline.remaining(), "store-connect")
     except TimeoutError:
         raise RendezvousError(
             f"rank {rank}: something listens at {where} but does not answer as a rendezvous store (world size "
@@ -524,25 +527,15 @@ def _join_store(dial: str, port: int, where: str, rank: int, world_size: int, de
             "frozen (SIGSTOP, a debugger) or swapping"
         ) from None
     except RuntimeError as exc:
+        if agent_serves:
+            raise RendezvousError(
+                f"rank {rank} could not join the rendezvous store its agent serves at {where} (world size "
+                f"{world_size}): {_first_line(exc)}. The agent (torchrun, or slurmdist run's store host on rank "
+                "0's node) has just exited or is unreachable from here: see its log"
+            ) from None
         raise RendezvousError(
             f"rank {rank} reached {where} but could not join the rendezvous store there: {exc}. "
             "Is MASTER_PORT used by something else than this job's rank 0?"
-        ) from None
-
-
-def _join_agent_store(dial: str, port: int, where: str, rank: int, world_size: int, deadline: Deadline) -> Any:
-    """`_join_store` on this thread: only a program squatting on the port leaves the handshake unanswered,
-    and none can hold an agent's port. A thread would cost every rank a start and a wake-up on busy cores;
-    the watchdog still bounds an agent that stops answering."""
-    import torch.distributed as dist
-
-    try:
-        return dist.TCPStore(dial, port, None, False, timedelta(seconds=deadline.remaining()))
-    except RuntimeError as exc:
-        raise RendezvousError(
-            f"rank {rank} could not join the rendezvous store its agent serves at {where} (world size "
-            f"{world_size}): {_first_line(exc)}. The agent (torchrun, or slurmdist run's store host on rank 0's "
-            "node) has just exited or is unreachable from here: see its log"
         ) from None
 
 
