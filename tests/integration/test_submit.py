@@ -22,6 +22,9 @@ pytestmark = pytest.mark.integration
 TRAIN_PY = REPO / "examples" / "train.py"
 PYTHON = sys.executable
 TIMEOUT = 150  # seconds any one job may take here, requeue included
+# Training that is still under way when a signal sent after its first log line lands. Slurm's preemption
+# (scheduling the urgent job) took about 3 s here: 200 steps, 0.6 s on a fast core, finished before it came.
+LONG_STEPS = 3000
 
 
 def _load(name: str, path: Path):
@@ -134,7 +137,7 @@ def test_cli_wait_exits_with_the_job_status(cluster, tmp_path):
 def test_preempted_job_checkpoints_requeues_and_resumes(cluster, example, reference, tmp_path):
     from slurmdist.submit import Submitter, results
 
-    steps = 200
+    steps = LONG_STEPS
     submitter = Submitter(nodes=2, tasks_per_node=2, time=5, folder=tmp_path / "%j")
     job = submitter.submit(example.Train(["--steps", str(steps)], str(tmp_path / "ckpt.pt")))
     wait_for_line(job.paths.stdout, rf"step \d+/{steps}")  # training is under way
@@ -154,7 +157,7 @@ def test_sigterm_without_a_warning_saves_a_checkpoint_and_ends_the_job(cluster, 
     # ignores SIGTERM, so before `Resumable` caught it the job lost everything since its last save.
     from slurmdist.submit import JobFailedError, Submitter, results
 
-    steps, checkpoint = 200, tmp_path / "ckpt.pt"
+    steps, checkpoint = LONG_STEPS, tmp_path / "ckpt.pt"
     submitter = Submitter(nodes=2, tasks_per_node=1, time=5, folder=tmp_path / "%j")
     job = submitter.submit(example.Train(["--steps", str(steps)], str(checkpoint)))
     wait_for_line(job.paths.stdout, rf"step \d+/{steps}")
@@ -172,7 +175,7 @@ def test_a_preempted_job_saves_on_sigterm_is_requeued_by_slurm_and_resumes(clust
     # sends SIGTERM (no warning first, as on most clusters), requeues the job itself, and runs it again.
     from slurmdist.submit import Submitter, results
 
-    steps = 200
+    steps = LONG_STEPS
     submitter = Submitter(nodes=2, tasks_per_node=1, time=5, folder=tmp_path / "%j")
     job = submitter.submit(example.Train(["--steps", str(steps)], str(tmp_path / "ckpt.pt")))
     wait_for_line(job.paths.stdout, rf"step \d+/{steps}")
