@@ -25,7 +25,7 @@ import time
 from datetime import timedelta
 from typing import Any, Callable, Iterator, List, Mapping, NamedTuple, Optional, Sequence, Set, Tuple, Union
 
-from . import slurm_conf, store_server
+from . import commands, slurm_conf, store_server
 from .background import call_with_timeout
 from .distenv import LOOPBACK, DistEnv
 from .errors import RendezvousError
@@ -175,13 +175,7 @@ def addresses(host: str, timeout: float = 10.0) -> List[str]:
 def slurm_node_addr(node: str, environ: Mapping[str, str], timeout: float = 10.0) -> Optional[str]:
     """Slurm's NodeAddr for `node` (`scontrol show node NODE`), or None when Slurm cannot say."""
     try:
-        done = subprocess.run(
-            ["scontrol", "-o", "show", "node", node],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            env=dict(environ),
-        )
+        done = commands.run(["scontrol", "-o", "show", "node", node], timeout, environ)
     except (OSError, subprocess.TimeoutExpired) as exc:
         log.debug("scontrol show node %s failed: %s", node, exc)
         return None

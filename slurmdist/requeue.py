@@ -40,6 +40,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, List, Mapping, Optional, Union
 
+from . import commands
 from .errors import SlurmdistError
 
 log = logging.getLogger("slurmdist")
@@ -250,7 +251,7 @@ def launcher_rank(environ: Mapping[str, str]) -> int:
 
 def _run_requeue(command: List[str]) -> None:
     try:
-        proc = subprocess.run(command, capture_output=True, text=True, timeout=REQUEUE_COMMAND_TIMEOUT)
+        proc = commands.run(command, REQUEUE_COMMAND_TIMEOUT)
     except FileNotFoundError:
         raise RequeueError(f"cannot requeue: {command[0]} is not on PATH in the job") from None
     except subprocess.TimeoutExpired:

@@ -34,6 +34,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
+from . import commands
 from .errors import SlurmdistError
 from .requeue import ENDED_EXIT_STATUS, RequeueError, Resumable, exit_without_result, parse_signal, slurm_name
 from .sbatch_render import HAND_ON_CPUS_PER_TASK
@@ -535,8 +536,7 @@ def parse_state(output: str) -> str:
 
 def _slurm_query(command: List[str], environ: Optional[Mapping[str, str]]) -> str:
     try:
-        proc = subprocess.run(command, capture_output=True, text=True, timeout=SLURM_CALL_TIMEOUT,
-                              env=None if environ is None else dict(environ))
+        proc = commands.run(command, SLURM_CALL_TIMEOUT, environ)
     except (OSError, subprocess.TimeoutExpired):
         return ""
     return proc.stdout if proc.returncode == 0 else ""
