@@ -603,8 +603,11 @@ class Keys:
     def arrived(self, rank: int) -> str:
         return f"{self.prefix}/arrived/{rank}"
 
-    def moved_on(self) -> Tuple[str, str]:
-        """The state this attempt left, and the next attempt's: a failing rank swaps one for the other."""
+    def moved_on(self) -> Optional[Tuple[str, str]]:
+        """The state this attempt left, and the next attempt's: a failing rank swaps one for the other. None
+        for keys made without reading the state (no state on the store names them)."""
+        if self.told is None:
+            return None
         return f"{self.attempt} {self.told}", f"{self.attempt + 1} {self.told}"
 
 
@@ -746,16 +749,17 @@ class Rendezvous:
         and this rank raises it whatever the verdict."""
         with self._store_errors(cause):
             if self.store.add(self.keys.reporter, 1) == 1 or problem is not None:
-                publish_once(self.store, self.keys.verdict, problem or self._missing_text())
+                verdict = publish_once(self.store, self.keys.verdict, problem or self._missing_text())
             else:
-                self._wait_for_report()
-            verdict = _get(self.store, self.keys.verdict)
+                verdict = self._wait_for_report()
             if verdict == "go" and cause is None and problem is None:
                 return
             if verdict != "go" or cause is not None:  # a failed attempt (not a stray process at a finished one)
                 # Every failing rank moves the store to the next attempt (only the first move counts) before it
                 # raises, so whichever rank retries first, every retry and every latecomer meets in the next.
-                self.store.compare_set(self.keys.state, *self.keys.moved_on())
+                moved = self.keys.moved_on()
+                if moved is not None:
+                    self.store.compare_set(self.keys.state, *moved)
                 self.store.add(self.keys.seen, 1)
                 if self.env.rank == 0:  # the store lives in this process: let the others read the verdict
                     self._linger()
@@ -782,11 +786,13 @@ class Rendezvous:
         arrived = self.env.world_size - len(missing)
         return f"{arrived} of {self.env.world_size} ranks arrived; rank(s) {compress_ranks(missing)} never arrived"
 
-    def _wait_for_report(self) -> None:
+    def _wait_for_report(self) -> str:
+        """The reporter's verdict; one of this rank's own when none comes in time."""
         try:
             self.store.wait([self.keys.verdict], timedelta(seconds=VERDICT_GRACE))
         except RuntimeError:
-            publish_once(self.store, self.keys.verdict, f"{NOBODY_MISSING[1]} within {VERDICT_GRACE:.0f} s")
+            return publish_once(self.store, self.keys.verdict, f"{NOBODY_MISSING[1]} within {VERDICT_GRACE:.0f} s")
+        return _get(self.store, self.keys.verdict)
 
     def _linger(self) -> None:
         arrived = int(self.store.add(self.keys.count, 0))
