@@ -21,6 +21,10 @@ BACKEND_DEVICE = {"nccl": "cuda", "hccl": "npu", "mpi": "cpu", "gloo": "cpu"}
 DEVICE_TYPES = ("cpu", "cuda", "npu")
 # The Ascend driver's control device: every host and container that can see an NPU has it.
 ASCEND_DEVICE = "/dev/davinci_manager"
+# NPU visibility (the user's, or Ascend's container runtime): NPUs are meant for this process.
+ASCEND_VISIBILITY_VARIABLES = ("ASCEND_RT_VISIBLE_DEVICES", "ASCEND_VISIBLE_DEVICES")
+# CANN's set_env.sh: the toolkit is there, which it also is on login and CPU nodes of an Ascend cluster.
+CANN_VARIABLES = ("ASCEND_TOOLKIT_HOME", "ASCEND_HOME_PATH")
 
 
 # Records on init()'s path are NamedTuples: every rank defines them, and a dataclass costs about 1 ms to
@@ -37,6 +41,7 @@ class Capabilities(NamedTuple):
     mpi: bool = False
     gloo: bool = True
     npu_import_error: Optional[str] = None
+    npu_sign: Optional[str] = None  # what shows NPUs are meant for this process, when something does
 
 
 class BackendChoice(NamedTuple):
@@ -46,10 +51,12 @@ class BackendChoice(NamedTuple):
     device_type: str
 
 
-def probe(requested: str = "auto", device_type: Optional[str] = None) -> Capabilities:
+def probe(requested: str = "auto", device_type: Optional[str] = None,
+          environ: Optional[Mapping[str, str]] = None) -> Capabilities:
     """Ask torch what it can do. Imports torch_npu only when an NPU backend could be chosen (or the caller
     asked for an NPU device)."""
     requested = requested.strip().lower()
+    environ = os.environ if environ is None else environ
     import torch
     import torch.distributed as dist
 
@@ -58,8 +65,9 @@ def probe(requested: str = "auto", device_type: Optional[str] = None) -> Capabil
             f"torch {torch.__version__} was built without torch.distributed; install a standard PyTorch wheel"
         )
     cuda_devices = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    sign = npu_sign(environ)
     wants_npu = "hccl" in requested or "npu" in requested or device_type == "npu" or (
-        requested == "auto" and cuda_devices == 0 and may_have_npus())
+        requested == "auto" and cuda_devices == 0 and (sign is not None or _cann_installed(environ)))
     torch_npu, npu_devices, npu_error = False, 0, None
     if wants_npu and importlib.util.find_spec("torch_npu") is not None:
         try:
@@ -81,14 +89,27 @@ def probe(requested: str = "auto", device_type: Optional[str] = None) -> Capabil
         mpi=dist.is_mpi_available(),
         gloo=dist.is_gloo_available(),
         npu_import_error=npu_error,
+        npu_sign=sign,
     )
 
 
-def may_have_npus() -> bool:
-    """Could `auto` find NPUs here? Looking for torch_npu among the installed packages scans every import
-    path, a tenth of a millisecond per rank (more on a busy or network file system); a machine without the
-    Ascend driver's device has no NPU to find."""
-    return "torch_npu" in sys.modules or os.path.exists(ASCEND_DEVICE)
+def npu_sign(environ: Mapping[str, str]) -> Optional[str]:
+    """What shows that NPUs are meant for this process (torch_npu imported, an NPU visibility variable, the
+    Ascend driver's device), for messages; None when nothing does. Looking for torch_npu among the installed
+    packages scans every import path, a tenth of a millisecond per rank (more on a busy or network file
+    system), so `auto` looks only where this, or an installed CANN toolkit, says NPUs may be found."""
+    if "torch_npu" in sys.modules:
+        return "torch_npu is imported"
+    for name in ASCEND_VISIBILITY_VARIABLES:
+        if environ.get(name, "").strip():
+            return f"{name}={environ[name]!r}"
+    if os.path.exists(ASCEND_DEVICE):
+        return f"the Ascend driver's {ASCEND_DEVICE} exists"
+    return None
+
+
+def _cann_installed(environ: Mapping[str, str]) -> bool:
+    return any(environ.get(name) for name in CANN_VARIABLES)
 
 
 def parse_backend(requested: str) -> Dict[str, str]:
@@ -213,6 +234,22 @@ def unused_gpus(
         f"Slurm gave this task GPUs ({', '.join(given)}; {visibility('cuda', environ)}) but torch "
         f"{caps.torch_version} sees none ({build}), so backend 'auto' runs gloo on the CPU. Install a CUDA "
         "build of PyTorch or check the driver (nvidia-smi); pass backend='gloo' if the CPU is intended"
+    )
+
+
+def unused_npus(requested: str, choice: BackendChoice, caps: Capabilities) -> Optional[str]:
+    """A warning when `auto` chose the CPU on what is plainly an NPU node (`npu_sign`), else None: a missing or
+    broken torch_npu would otherwise train on the CPU without a word."""
+    if requested.strip().lower() != "auto" or choice.device_type != "cpu" or caps.npu_sign is None:
+        return None
+    if caps.npu_import_error is not None:
+        why = f"torch_npu cannot be used ({caps.npu_import_error})"
+    else:
+        why = "torch_npu sees no NPU (npu-smi info shows what the driver sees)"
+    return (
+        f"this looks like an Ascend NPU node ({caps.npu_sign}) but {why}, so backend 'auto' runs gloo on the CPU. "
+        f"Install torch-npu matching torch {caps.torch_version} and source CANN's set_env.sh, or pass "
+        "backend='gloo' if the CPU is intended"
     )
 
 

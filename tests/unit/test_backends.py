@@ -82,10 +82,47 @@ def test_auto_looks_for_torch_npu_only_where_an_ascend_device_could_be(monkeypat
     real_find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: asked.append(name) or real_find_spec(name, *a))
     monkeypatch.setattr(backends, "ASCEND_DEVICE", str(tmp_path / "davinci_manager"))
-    assert probe("auto").npu_import_error is None and asked == []  # this machine: no NPU to find
+    assert probe("auto", environ={}).npu_import_error is None and asked == []  # this machine: no NPU to find
+    assert probe("auto", environ={"ASCEND_RT_VISIBLE_DEVICES": ""}).npu_import_error is None and asked == []
     (tmp_path / "davinci_manager").touch()
-    assert probe("auto").npu_import_error == "torch_npu is not installed" and asked == ["torch_npu"]
+    assert probe("auto", environ={}).npu_import_error == "torch_npu is not installed" and asked == ["torch_npu"]
     (tmp_path / "davinci_manager").unlink()
+    for name in backends.ASCEND_VISIBILITY_VARIABLES + backends.CANN_VARIABLES:  # no driver device, an Ascend setup
+        asked.clear()
+        assert probe("auto", environ={name: "0,1"}).npu_import_error == "torch_npu is not installed", name
+        assert asked == ["torch_npu"], name
+
+
+@pytest.mark.parametrize("environ, sign", [
+    ({"ASCEND_RT_VISIBLE_DEVICES": "0,1"}, "ASCEND_RT_VISIBLE_DEVICES='0,1'"),
+    ({"ASCEND_VISIBLE_DEVICES": "3"}, "ASCEND_VISIBLE_DEVICES='3'"),
+    ({"ASCEND_HOME_PATH": "/usr/local/Ascend/ascend-toolkit/latest"}, None),  # a toolkit, also on CPU nodes
+    ({"ASCEND_RT_VISIBLE_DEVICES": " "}, None),
+    ({}, None),
+])
+def test_npu_sign_names_what_shows_npus_are_meant_for_this_process(monkeypatch, tmp_path, environ, sign):
+    from slurmdist import backends
+
+    monkeypatch.setattr(backends, "ASCEND_DEVICE", str(tmp_path / "davinci_manager"))
+    assert backends.npu_sign(environ) == sign
+    (tmp_path / "davinci_manager").touch()
+    assert backends.npu_sign(environ) == (sign or f"the Ascend driver's {tmp_path / 'davinci_manager'} exists")
+
+
+def test_auto_on_the_cpu_of_an_npu_node_warns_and_says_why():
+    from slurmdist.backends import BackendChoice, unused_npus
+
+    cpu = BackendChoice("gloo", "cpu")
+    missing = Capabilities(torch_version="2.13.0", npu_import_error="torch_npu is not installed",
+                           npu_sign="ASCEND_RT_VISIBLE_DEVICES='0'")
+    warning = unused_npus("auto", cpu, missing)
+    assert "ASCEND_RT_VISIBLE_DEVICES='0'" in warning and "torch_npu is not installed" in warning
+    assert "torch-npu matching torch 2.13.0" in warning and "backend='gloo'" in warning
+    no_npu = missing._replace(torch_npu=True, npu_import_error=None)
+    assert "torch_npu sees no NPU" in unused_npus("auto", cpu, no_npu)
+    assert unused_npus("gloo", cpu, missing) is None  # the CPU asked for by name
+    assert unused_npus("auto", cpu, missing._replace(npu_sign=None)) is None  # a toolkit alone: no NPU meant
+    assert unused_npus("auto", BackendChoice("hccl", "npu"), no_npu._replace(npu_devices=8)) is None
     assert probe("hccl").npu_import_error == "torch_npu is not installed"  # asked for by name: always looked for
     assert probe("auto", "npu").npu_import_error == "torch_npu is not installed"  # device="npu": looked for too
 
