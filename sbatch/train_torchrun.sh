@@ -32,8 +32,8 @@ mkdir -p "$TRAIN_DIR"
 
 # The c10d rendezvous is hosted by the agent on the job's first node. Use Slurm's NodeAddr for it: the node
 # name does not always resolve on the other nodes (NodeAddr is what slurmd itself is reached at).
-head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
-head_addr=$(scontrol -o show node "$head_node" | grep -o 'NodeAddr=[^ ]*' | cut -d= -f2)
+head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)  # sed reads on: no SIGPIPE on a long list
+head_addr=$(scontrol -o show node "$head_node" | grep -o 'NodeAddr=[^ ]*' | cut -d= -f2) || true  # else the name
 head_addr=${head_addr:-$head_node}
 # A port per job (not torchrun's fixed 29400), so two jobs sharing a node do not collide; below 32768, where
 # the kernel never hands out client ports.

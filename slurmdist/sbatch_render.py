@@ -211,8 +211,8 @@ def launch_lines(spec: JobSpec) -> List[str]:
                 f'mpirun -np "$SLURM_NTASKS" --map-by {per_node} --bind-to none {command}']
     return [
         "# torchrun, one per node; the c10d rendezvous is hosted on the first node, at its Slurm NodeAddr.",
-        'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
-        "head_addr=$(scontrol -o show node \"$head_node\" | grep -o 'NodeAddr=[^ ]*' | cut -d= -f2)",
+        'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)',
+        "head_addr=$(scontrol -o show node \"$head_node\" | grep -o 'NodeAddr=[^ ]*' | cut -d= -f2) || true",
         "head_addr=${head_addr:-$head_node}",
         "rdzv_port=$((20000 + SLURM_JOB_ID % 10000))",
         "# Escaped \\$ expands inside each task (its own node); the rest expands here, once.",

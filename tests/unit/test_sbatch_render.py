@@ -18,6 +18,8 @@ import pytest
 from slurmdist import cli
 from slurmdist.sbatch_render import JobSpec, SbatchError, render, validate
 
+REPO = Path(__file__).resolve().parents[2]
+
 # Each must stay one literal argument. If any were executed, it would create CANARY.
 NASTY = [
     "$(touch {canary})",
@@ -47,6 +49,7 @@ def stub_bin(directory: Path, record: Path) -> Path:
         path.chmod(path.stat().st_mode | stat.S_IXUSR)
     scontrol = directory / "scontrol"  # `show hostnames` and `show node` for the torchrun head address
     scontrol.write_text('#!/bin/bash\nif [[ $* == *hostnames* ]]; then echo node1;'
+                        ' elif [[ -n ${STUB_SHOW_NODE_FAILS:-} ]]; then echo "Socket timed out" >&2; exit 1;'
                         ' else echo "NodeName=node1 NodeAddr=10.0.0.1 State=IDLE"; fi\n')
     scontrol.chmod(scontrol.stat().st_mode | stat.S_IXUSR)
     return directory
@@ -101,6 +104,16 @@ def test_torchrun_passes_the_script_and_its_arguments_through_the_per_node_shell
     assert "--nnodes=2" in torchrun_call and "--nproc-per-node=4" in torchrun_call
     assert "--rdzv-endpoint=10.0.0.1:20042" in torchrun_call  # NodeAddr of the first node, port from job id
     assert "--rdzv-conf=is_host=1" in torchrun_call and "--local-addr=10.0.0.1" in torchrun_call
+
+
+@pytest.mark.parametrize("script", ["rendered", "shipped"])
+def test_torchrun_scripts_fall_back_to_the_head_nodes_name_when_scontrol_cannot_say(tmp_path, script):
+    # A busy slurmctld (`show node` timing out) must not end the job under `set -e` before the fallback.
+    text = (render(JobSpec(command=("train.py",), nodes=2, gpus_per_node=4, launcher="torchrun")) if script == "rendered"
+            else (REPO / "sbatch" / "train_torchrun.sh").read_text())
+    [call] = run_script(text, tmp_path, STUB_SHOW_NODE_FAILS="1", SLURM_JOB_NAME="torchrun")
+    assert call[:3] == ["srun", "--kill-on-bad-exit=1", "bash"]
+    assert "--rdzv-endpoint=node1:20042" in call[4]
 
 
 @pytest.mark.parametrize("option,value", [
