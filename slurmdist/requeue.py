@@ -51,6 +51,8 @@ DEFAULT_SIGNAL = "USR2"
 DEFAULT_MAX_REQUEUES = 10
 # submitit's LocalExecutor restarts a job whose task exits with this status: its local "requeue".
 LOCAL_REQUEUE_EXIT_CODE = 144
+# The local controller's pid, for a command that `Submitter.submit_command` runs (its parent is the task).
+LOCAL_CONTROLLER_VARIABLE = "SLURMDIST_LOCAL_CONTROLLER_PID"
 REQUEUE_COMMAND_TIMEOUT = 60.0  # seconds for `scontrol requeue`
 ENDED_EXIT_STATUS = 128 + signal.SIGTERM  # rank 0 after saving on a SIGTERM: what a shell reports for it
 KILL_WAIT_TIMEOUT = 120.0  # seconds rank 0 waits for Slurm to end it after a requeue (KillWait is 30 s by default)
@@ -264,11 +266,13 @@ def _run_requeue(command: List[str]) -> None:
 
 
 def _restart_local_job() -> None:
-    """submitit's LocalExecutor restarts the tasks when one exits with 144; its controller (our parent)
-    forwards SIGTERM to every task, which ends the others at once (their SIGTERM is at its default now)."""
+    """submitit's LocalExecutor restarts the tasks when one exits with 144; its controller (our parent, or
+    our task's parent for a submitted command) forwards SIGTERM to every task, which ends the others at once
+    (their SIGTERM is at its default now)."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    controller = os.environ.get(LOCAL_CONTROLLER_VARIABLE, "")
     try:
-        os.kill(os.getppid(), signal.SIGTERM)
+        os.kill(int(controller) if controller.isdigit() else os.getppid(), signal.SIGTERM)
     except OSError:  # pragma: no cover - the controller is gone; the exit status still asks for a restart
         pass
     exit_without_result(LOCAL_REQUEUE_EXIT_CODE)
@@ -281,7 +285,7 @@ def _wait_to_be_ended(timeout: float) -> None:
     while time.monotonic() < deadline:
         time.sleep(0.2)
     log.warning("slurmdist: still running %.0fs after the requeue; exiting", timeout)
-    exit_without_result(LOCAL_REQUEUE_EXIT_CODE)
+    exit_without_result(ENDED_EXIT_STATUS)  # the job is queued again: this run ends without a result
 
 
 def exit_without_result(status: int) -> None:

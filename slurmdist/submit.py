@@ -36,7 +36,10 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optio
 
 from . import commands
 from .errors import SlurmdistError
-from .requeue import ENDED_EXIT_STATUS, RequeueError, Resumable, exit_without_result, parse_signal, slurm_name
+from .requeue import (
+    ENDED_EXIT_STATUS, LOCAL_CONTROLLER_VARIABLE, LOCAL_REQUEUE_EXIT_CODE, RequeueError, Resumable,
+    exit_without_result, parse_signal, slurm_name,
+)
 from .sbatch_render import HAND_ON_CPUS_PER_TASK
 
 log = logging.getLogger("slurmdist")
@@ -322,7 +325,8 @@ def choose_cluster(cluster: str, which: Callable[[str], Optional[str]] = shutil.
 @dataclass(frozen=True)
 class Command:
     """Run `argv` in every task (one rank each), its output going straight to the task's log; fail on a
-    non-zero exit. The requeue signal reaches the command directly (it shares the task's process group)."""
+    non-zero exit. Under Slurm the signals reach the command directly (Slurm signals every process of the
+    step); submitit's LocalExecutor signals only the task, which passes them on."""
 
     argv: Tuple[str, ...]
     cwd: Optional[str] = None
@@ -330,30 +334,59 @@ class Command:
     def __call__(self) -> int:
         import signal as signals
 
-        sig = parse_signal(None)
-        previous_term = signals.getsignal(signals.SIGTERM)
-
-        def warned(signum: int, frame: Any) -> None:
-            # The command handles the warning (it got the signal too). What follows is Slurm's SIGTERM: after a
-            # requeue, or at the time limit. submitit ignores SIGTERM, and this process would then report the
-            # killed command as a failure of a job that is in fact queued again: die with the command instead.
-            signals.signal(signals.SIGTERM, signals.SIG_DFL)
-
-        # A handler, not SIG_IGN: exec resets handlers to the default, so the child still gets the signal.
-        previous = signals.signal(sig, warned)
-        try:
-            code = subprocess.call(list(self.argv), cwd=self.cwd)
-        finally:
-            signals.signal(sig, previous)
-            signals.signal(signals.SIGTERM, previous_term)
-        if code in (-signals.SIGTERM, ENDED_EXIT_STATUS):
-            # Slurm ended the job (preemption, scancel, the time limit): this run has no result. Raising would
-            # make submitit write the error as the job's result, which `results()` would read after a requeue
-            # before the new run replaced it; Slurm's state says what happened.
+        local = os.environ.get("SUBMITIT_EXECUTOR") == "local"
+        env = {**os.environ, LOCAL_CONTROLLER_VARIABLE: str(os.getppid())} if local else None
+        relay = _SignalRelay(local)
+        with relay.installed(parse_signal(None)):
+            relay.child = subprocess.Popen(list(self.argv), cwd=self.cwd, env=env)
+            code = relay.child.wait()
+        if local and code == LOCAL_REQUEUE_EXIT_CODE:  # the command asked the local controller for a restart
+            exit_without_result(LOCAL_REQUEUE_EXIT_CODE)
+        if relay.ended or code in (-signals.SIGTERM, ENDED_EXIT_STATUS):
+            # Slurm ended the job (preemption, scancel, the time limit, the end after a requeue): this run has
+            # no result. Raising would make submitit write the error as the job's result, which `results()`
+            # would read after a requeue before the new run replaced it; Slurm's state says what happened.
             exit_without_result(ENDED_EXIT_STATUS)
         if code != 0:
             raise RuntimeError(f"command {exit_text(code)}: {shlex.join(self.argv)}")
         return code
+
+
+class _SignalRelay:
+    """The task's signal handling while its command runs. SIGTERM (Slurm ending the job, or the local
+    controller restarting it) marks the run as ended and is waited out: the command may be saving a
+    checkpoint, and the task must not exit before it (submitit's own handler ignores SIGTERM and would report
+    the run as the job's result). Under the LocalExecutor the warning, SIGTERM and SIGINT are passed on to
+    the command, which is not the controller's child."""
+
+    def __init__(self, local: bool) -> None:
+        self.local = local
+        self.child: Optional[subprocess.Popen] = None
+        self.ended = False
+
+    def _pass_on(self, signum: int) -> None:
+        child = self.child
+        if self.local and child is not None and child.poll() is None:
+            child.send_signal(signum)
+
+    def _on_term(self, signum: int, frame: Any) -> None:
+        self.ended = True
+        self._pass_on(signum)
+
+    @contextlib.contextmanager
+    def installed(self, warning: int) -> Iterator["_SignalRelay"]:
+        import signal as signals
+
+        # Handlers, not SIG_IGN: exec resets handlers to the default, so the command still gets its signals.
+        handlers = {warning: lambda signum, frame: self._pass_on(signum), signals.SIGTERM: self._on_term}
+        if self.local:
+            handlers[signals.SIGINT] = lambda signum, frame: self._pass_on(signum)
+        previous = {number: signals.signal(number, handler) for number, handler in handlers.items()}
+        try:
+            yield self
+        finally:
+            for number, handler in previous.items():
+                signals.signal(number, handler)
 
 
 def exit_text(code: int) -> str:

@@ -7,6 +7,7 @@ import importlib.util
 import json
 import os
 import re
+import signal
 import sys
 import time
 from pathlib import Path
@@ -279,6 +280,59 @@ def test_local_executor_runs_the_same_code(cluster, example, reference, tmp_path
     outcome = results(job, timeout=TIMEOUT)
     assert [r["launcher"] for r in outcome] == ["submitit-local"] * 2
     assert {r["checksum"] for r in outcome} == {reference(2, 1, 40)["checksum"]}
+
+
+LOCAL_REQUEUEING_COMMAND = """
+import os, sys, time
+import slurmdist.requeue
+preemption = slurmdist.requeue.install()
+marker = sys.argv[1] + "." + os.environ["SUBMITIT_LOCAL_GLOBALID"]
+restarted = os.path.exists(marker)  # no SLURM_RESTART_COUNT on this machine: the first run leaves a mark
+print("run", int(restarted), flush=True)
+if not restarted:
+    open(marker, "w").close()
+    deadline = time.monotonic() + 100
+    while not preemption.requested and time.monotonic() < deadline:
+        time.sleep(0.1)
+    preemption.requeue()  # rank 0 asks the local controller for a restart; the others go on until it ends them
+    time.sleep(100)
+print("finished", flush=True)
+"""
+
+
+def test_a_local_submitted_command_hears_the_warning_and_restarts(tmp_path):
+    # submitit's LocalExecutor signals its tasks, not the commands they run: the tasks pass the warning on, the
+    # command reaches the controller (not its own parent, the task) to restart, and the restart status (144)
+    # passes through the task. The warning is sent to the tasks as the controller's timer does (the time limit
+    # is minutes away); every task and process here is real.
+    from slurmdist.submit import Submitter, results
+
+    script = tmp_path / "requeueing.py"
+    script.write_text(LOCAL_REQUEUEING_COMMAND)
+    job = Submitter(nodes=1, tasks_per_node=2, time=5, folder=tmp_path / "%j", cluster="local").submit_command(
+        [PYTHON, str(script), str(tmp_path / "ran")])
+    for task in range(2):  # every command has installed its handler: the warning would kill one still starting
+        wait_for_line(job.task(task).paths.stdout, "run 0")
+    for pid in children_of(job._process.pid):
+        os.kill(pid, signal.SIGUSR2)
+    assert results(job, timeout=TIMEOUT) == [0, 0]
+    for task in range(2):
+        assert re.search(r"run 0.*run 1\nfinished", job.task(task).paths.stdout.read_text(), re.S)
+
+
+def children_of(pid: int) -> list:
+    """The pids of the processes whose parent is `pid`."""
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                parent = int(stat.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if parent == pid:
+            found.append(int(entry))
+    assert found, f"process {pid} has no children"
+    return found
 
 
 def fail_on_rank_one() -> None:

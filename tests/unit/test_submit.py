@@ -3,6 +3,7 @@ sbatch script (through submitit's own renderer), states, and the cheap import.""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -189,17 +190,43 @@ Command(tuple(sys.argv[1:]))()
 """
 
 
-def test_a_command_task_dies_with_slurms_sigterm_once_warned():
-    # After the requeue warning, Slurm's SIGTERM (the requeue taking effect, or the time limit) must end the
-    # task process too: surviving it, it would report the killed command as a failure of the requeued job.
-    warned_then_ended = "kill -USR2 $PPID; sleep 0.5; kill -TERM $PPID; sleep 5; exit 3"
-    proc = subprocess.run([sys.executable, "-c", COMMAND_UNDER_SUBMITIT, "sh", "-c", warned_then_ended],
-                          capture_output=True, text=True, timeout=60)
-    assert proc.returncode == -15, proc.stderr
-    # Without the warning SIGTERM stays submitit's business: the command's own status is reported.
-    proc = subprocess.run([sys.executable, "-c", COMMAND_UNDER_SUBMITIT, "sh", "-c", "kill -TERM $PPID; exit 3"],
-                          capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 1 and "command exited with status 3" in proc.stderr, proc.stderr
+def run_command_task(script: str, environ=None) -> subprocess.CompletedProcess:
+    """A submitted command's task process (as submitit starts it) running `sh -c script`."""
+    return subprocess.run([sys.executable, "-c", COMMAND_UNDER_SUBMITIT, "sh", "-c", script], capture_output=True,
+                          text=True, timeout=60, env=None if environ is None else {**os.environ, **environ})
+
+
+@pytest.mark.parametrize("warned", [True, False])
+def test_a_command_task_waits_out_slurms_sigterm_and_leaves_no_result(tmp_path, warned):
+    # Slurm's SIGTERM (a requeue taking effect, preemption, the time limit) reaches the command too, which may
+    # be saving: the task waits for it, then ends with no result (143), or it would report the ended run as a
+    # failure (or a success) of a job that is in fact queued again.
+    saved = tmp_path / "saved"
+    warning = "kill -USR2 $PPID; sleep 0.2; " if warned else ""
+    proc = run_command_task(f"{warning}kill -TERM $PPID; sleep 0.5; echo saved > '{saved}'; exit 3")
+    assert proc.returncode == 143, proc.stderr
+    assert saved.exists(), "the task ended before its command had saved"
+    assert "command exited" not in proc.stderr
+
+
+def test_a_local_command_task_passes_the_warning_on(tmp_path):
+    # submitit's LocalExecutor signals its own children, the tasks, and not the commands they run.
+    heard = tmp_path / "heard"
+    proc = run_command_task(f"trap 'echo warned > \"{heard}\"; exit 0' USR2; kill -USR2 $PPID; sleep 20 & wait",
+                            {"SUBMITIT_EXECUTOR": "local"})
+    assert proc.returncode == 0, proc.stderr
+    assert heard.read_text() == "warned\n"
+
+
+def test_a_local_command_reaches_the_controller_and_its_restart_status_passes_through(tmp_path):
+    told = tmp_path / "controller"
+    proc = run_command_task(f'echo "$SLURMDIST_LOCAL_CONTROLLER_PID" > "{told}"; exit 144',
+                            {"SUBMITIT_EXECUTOR": "local"})
+    assert proc.returncode == 144, proc.stderr  # what makes submitit's local controller restart the job
+    assert told.read_text().strip() == str(os.getpid())  # the task's parent: here the test, there the controller
+    # Under Slurm 144 is only a failure of the command.
+    proc = run_command_task("exit 144")
+    assert proc.returncode == 1 and "command exited with status 144" in proc.stderr
 
 
 def test_a_command_killed_by_the_warning_is_told_to_handle_it():
