@@ -11,6 +11,7 @@ import copy
 import logging
 import os
 import sys
+import threading
 from typing import Any, Mapping, MutableMapping, Optional, Tuple, Union
 
 from . import process_group
@@ -20,21 +21,47 @@ RANK_VARIABLES = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "P
 SIZE_VARIABLES = ("WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
 
 
+# Set while this thread works out a rank for a log line. detect() logs itself (a warning in an salloc shell),
+# and that record would come back here through a RankFilter, again and again (RecursionError), or repeat the
+# warning before every line: slurmdist's own records are dropped meanwhile.
+_looking_up = threading.local()
+
+
+class _QuietWhileLookingUp(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not getattr(_looking_up, "active", False)
+
+
+_QUIET = _QuietWhileLookingUp()
+
+
 def rank_and_size(environ: Optional[Mapping[str, str]] = None) -> Tuple[int, int]:
     """(rank, world size) of this process: from `init()`, else `detect()`, else the first rank variable."""
     if environ is None and process_group.is_initialized():
         env = process_group.get_env()
         return env.rank, env.world_size
     environ = os.environ if environ is None else environ
+    if getattr(_looking_up, "active", False):  # a record logged by the lookup itself
+        return _from_variables(environ)
+    slurmdist_logger = logging.getLogger("slurmdist")
+    if _QUIET not in slurmdist_logger.filters:
+        slurmdist_logger.addFilter(_QUIET)
+    _looking_up.active = True
     try:
         from .detection import detect
 
         env = detect(environ)
         return env.rank, env.world_size
     except (ImportError, SlurmdistError, ValueError):
-        rank = next((environ[v] for v in RANK_VARIABLES if environ.get(v, "").isdigit()), "0")
-        size = next((environ[v] for v in SIZE_VARIABLES if environ.get(v, "").isdigit()), "1")
-        return int(rank), int(size)
+        return _from_variables(environ)
+    finally:
+        _looking_up.active = False
+
+
+def _from_variables(environ: Mapping[str, str]) -> Tuple[int, int]:
+    rank = next((environ[v] for v in RANK_VARIABLES if environ.get(v, "").isdigit()), "0")
+    size = next((environ[v] for v in SIZE_VARIABLES if environ.get(v, "").isdigit()), "1")
+    return int(rank), int(size)
 
 
 def prefix(rank: int, world_size: int) -> str:

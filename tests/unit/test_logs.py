@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 
 import pytest
@@ -108,3 +109,46 @@ def test_rank_logger(as_rank, caplog):
         log.info("quiet")
         log.error("loud")
     assert [r.getMessage() for r in caplog.records] == ["[rank 1/4] loud"]
+
+
+@pytest.fixture
+def in_salloc_shell(case, monkeypatch):
+    """A captured salloc shell: detect() warns there (not in an srun step), through slurmdist's logger."""
+    for name in list(os.environ):
+        if name.startswith(("SLURM_", "OMPI_", "PMI", "RANK", "WORLD_SIZE", "LOCAL_", "TORCHELASTIC")):
+            monkeypatch.delenv(name)
+    for name, value in case("slurm/salloc_N2_tpn2_shell")[0].items():
+        monkeypatch.setenv(name, value)
+
+
+@pytest.mark.parametrize("level", [logging.WARNING, logging.DEBUG])
+def test_a_rank_filter_on_the_root_handler_survives_detects_own_records(in_salloc_shell, level):
+    # detect() logs to "slurmdist", whose records reach the root handler, whose RankFilter asked detect()
+    # again: a RecursionError out of the user's own log call.
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    handler.addFilter(RankFilter())
+    root = logging.getLogger()
+    old_level = root.level
+    root.addHandler(handler)
+    root.setLevel(level)
+    try:
+        logging.getLogger("train").warning("epoch done")
+        logging.getLogger("train").warning("saved")
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(old_level)
+    assert [r.getMessage() for r in records] == ["[rank 0/1] epoch done", "[rank 0/1] saved"]
+
+
+def test_helpers_do_not_repeat_detects_warning_before_every_line(in_salloc_shell, capsys, caplog):
+    caplog.set_level(logging.WARNING)
+    log = rank_logger("train")
+    log.warning("one")
+    log.warning("two")
+    slurmdist.print0("three")
+    assert [r.getMessage() for r in caplog.records] == ["[rank 0/1] one", "[rank 0/1] two"]
+    assert capsys.readouterr().out == "three\n"
+    slurmdist.detect()  # asked directly, detect() still says it
+    assert "not in an srun step" in caplog.records[-1].getMessage()
