@@ -48,10 +48,12 @@ def detect(environ: Optional[Mapping[str, str]] = None) -> DistEnv:
     forced = environ.get(FORCE_VARIABLE)
     if forced is not None:
         return _forced(forced, environ)
-    for reader in (torchrun.read, submitit_local.read):
-        env = reader(environ)
-        if env is not None:
-            return env
+    env = torchrun.read(environ)
+    if env is not None:
+        return _unless_stale(env, environ)
+    env = submitit_local.read(environ)
+    if env is not None:
+        return env
     step = slurm.read_step(environ)
     launched_by_mpi = _read_mpi(environ, inside_step=step is not None)
     if step is not None and not _mpirun_inside_step(step, launched_by_mpi):
@@ -59,6 +61,38 @@ def detect(environ: Optional[Mapping[str, str]] = None) -> DistEnv:
     if launched_by_mpi is not None:
         return launched_by_mpi
     return single(environ, job_id=slurm.check_outside_step(environ))
+
+
+def _unless_stale(env: DistEnv, environ: Mapping[str, str]) -> DistEnv:
+    """torchrun's variables exported by hand (TORCHELASTIC_RUN_ID unset) must not contradict the srun step
+    this process is a task of. Exported once in the job script, every task has the same RANK; left over from
+    a notebook or an outer job, WORLD_SIZE is too small; either way each task would train alone, or every
+    rank would claim rank 0. A launcher of its own inside the tasks (DeepSpeed's, accelerate's, mpirun's)
+    starts at least as many ranks as the step has tasks, and places them as the step or the MPI launcher
+    does when it starts exactly as many."""
+    if "TORCHELASTIC_RUN_ID" in environ:
+        return env
+    try:
+        step = slurm.read_step(environ)
+    except LaunchError:  # the step's own variables are malformed: the exported ones are all there is
+        return env
+    if step is None or env.world_size > step.world_size or _same_placement(env, step):
+        return env
+    by_mpi = _read_mpi(environ, inside_step=True)
+    if by_mpi is not None and _same_placement(env, by_mpi):
+        return env
+    variable, value = ("WORLD_SIZE", env.world_size) if env.world_size < step.world_size else ("RANK", env.rank)
+    raise LaunchError(
+        f"RANK={env.rank} WORLD_SIZE={env.world_size} LOCAL_RANK={env.local_rank} LOCAL_WORLD_SIZE="
+        f"{env.local_world_size} are set (by hand: TORCHELASTIC_RUN_ID is not), but this process is task "
+        f"{step.rank} of {step.world_size} (local {step.local_rank} of {step.local_world_size}) of srun step "
+        f"{slurm.step_id(environ) or '?'} of job {step.job_id}. Exported once in the job script, they are the same "
+        "in every task; or they are left over from elsewhere. Unset them (slurmdist reads srun's own variables), "
+        "use `srun slurmdist run -- ...` to set them per task, or set SLURMDIST_LAUNCHER=torchrun to use them as "
+        "they are",
+        variable,
+        str(value),
+    )
 
 
 def single(environ: Mapping[str, str], job_id: Optional[str] = None) -> DistEnv:

@@ -139,6 +139,56 @@ def test_mpirun_inside_an_allocation_wins_even_where_rank_and_size_match_the_dae
     assert len({(env.master_addr, env.master_port) for env in found}) == 1
 
 
+def by_hand(**variables: int) -> Dict[str, str]:
+    """torchrun's variables as a script exports them itself (no TORCHELASTIC_RUN_ID)."""
+    return {name: str(value) for name, value in variables.items()}
+
+
+def test_torchrun_variables_exported_once_in_the_job_script_are_refused_in_every_task_they_misplace():
+    # `export RANK=$SLURM_PROCID ...` in the batch script: every task inherits the batch step's 0.
+    tasks = load_case("slurm/srun_N2_tpn2")
+    stale = by_hand(RANK=0, WORLD_SIZE=4, LOCAL_RANK=0, LOCAL_WORLD_SIZE=2)
+    assert detect({**tasks[0], **stale}).launcher == "torchrun"  # task 0: the same place, nothing to say
+    for task in tasks[1:]:
+        with pytest.raises(LaunchError, match=r"RANK=0 WORLD_SIZE=4 .* but this process is task [1-3] of 4") as caught:
+            detect({**task, **stale})
+        assert (caught.value.variable, caught.value.value) == ("RANK", "0")
+        assert "SLURMDIST_LAUNCHER=torchrun" in str(caught.value)
+
+
+def test_torchrun_variables_left_over_from_a_smaller_world_are_refused():
+    # A notebook's RANK=0 WORLD_SIZE=1: each of the four tasks would train alone, as rank 0, saving over the others.
+    for task in load_case("slurm/srun_N2_tpn2"):
+        with pytest.raises(LaunchError, match="task .* of 4") as caught:
+            detect({**task, **by_hand(RANK=0, WORLD_SIZE=1, LOCAL_RANK=0)})
+        assert (caught.value.variable, caught.value.value) == ("WORLD_SIZE", "1")
+        forced = {**task, **by_hand(RANK=0, WORLD_SIZE=1, LOCAL_RANK=0), "SLURMDIST_LAUNCHER": "torchrun"}
+        assert detect(forced).world_size == 1  # the user's word
+
+
+def test_torchrun_variables_of_a_launcher_inside_the_tasks_or_torchrun_itself_are_used():
+    tasks = load_case("slurm/srun_N2_tpn2")
+    for index, task in enumerate(tasks):  # one launcher per task starting two workers each: 8 ranks
+        for worker in (0, 1):
+            exported = by_hand(RANK=2 * index + worker, WORLD_SIZE=8, LOCAL_RANK=2 * (index % 2) + worker,
+                               LOCAL_WORLD_SIZE=4)
+            assert detect({**task, **exported}).rank == 2 * index + worker
+        # torchrun's own (TORCHELASTIC_RUN_ID) are never second-guessed
+        torchrun = {**by_hand(RANK=0, WORLD_SIZE=1, LOCAL_RANK=0), "TORCHELASTIC_RUN_ID": "42"}
+        assert detect({**task, **torchrun}).world_size == 1
+
+
+def test_torchrun_variables_that_mpirun_inside_the_allocation_placed_are_used():
+    # `mpirun slurmdist run -- python train.py` in an allocation: the ranks carry the daemon step's variables,
+    # and the exported ones place them as Open MPI does (here 2 ranks on node 1, as many as the daemon step's tasks).
+    captured = next(iter(launches_of("salloc_N2_mpirun_np4").values()))[0][0]
+    for rank in (0, 1):
+        environ = {**captured, "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_RANK": str(rank),
+                   "OMPI_COMM_WORLD_LOCAL_RANK": str(rank), "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}
+        exported = by_hand(RANK=rank, WORLD_SIZE=2, LOCAL_RANK=rank, LOCAL_WORLD_SIZE=2)
+        assert (detect({**environ, **exported}).launcher, detect({**environ, **exported}).rank) == ("torchrun", rank)
+
+
 def test_a_heterogeneous_step_meets_on_its_first_components_node_and_counts_each_nodes_tasks():
     # `srun -w node2 -n1 : -w node1 -n2`: task 0 runs on node2, but Slurm sorts the step's nodelist (node[1-2])
     # and its layout (2,1) by name, while SLURM_NODEID follows the tasks (node2 is node 0).
