@@ -40,6 +40,13 @@ def read(environ: Mapping[str, str]) -> Optional[DistEnv]:
         local_rank=local_rank,
         world_size=world_size,
         local_world_size=per_node,
-        node_rank=rank // per_node,  # Flux's default task map, block: ranks fill one node after the other
+        node_rank=_block_node_rank(rank, local_rank, per_node),
         num_nodes=num_nodes,
     )
+
+
+def _block_node_rank(rank: int, local_rank: int, per_node: int) -> Optional[int]:
+    """The node index under Flux's default task map, block (ranks fill one node after the other). Under another
+    map (`--taskmap=cyclic`, a manual one) the local id says so, and the index is unknown: None, not a guess
+    that would land in GROUP_RANK."""
+    return rank // per_node if local_rank == rank % per_node else None

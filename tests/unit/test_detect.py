@@ -8,6 +8,7 @@ import types
 import pytest
 
 from slurmdist import DistEnv, LaunchError, detect
+from slurmdist.exporting import torchrun_variables
 from slurmdist.ports import PORT_MAX, PORT_MIN
 from tests.conftest import load_case
 
@@ -244,6 +245,17 @@ def test_flux_tasks_are_flux_although_its_job_shell_serves_pmi_too():
     mpirun = detect({**environ, "OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "4",
                      "OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"})
     assert (mpirun.launcher, mpirun.rank) == ("openmpi", 3)
+
+
+def test_flux_node_rank_is_left_unknown_under_a_task_map_other_than_block():
+    # flux run -N2 -n4 --taskmap=cyclic: rank 1 is the first task of node 1.
+    cyclic = {"FLUX_TASK_RANK": "1", "FLUX_TASK_LOCAL_ID": "0", "FLUX_JOB_SIZE": "4", "FLUX_JOB_NNODES": "2",
+              "FLUX_JOB_ID": "f2"}
+    env = detect(cyclic)
+    assert (env.rank, env.local_rank, env.local_world_size, env.num_nodes, env.node_rank) == (1, 0, 2, 2, None)
+    assert "GROUP_RANK" not in torchrun_variables(env)
+    block = detect({**cyclic, "FLUX_TASK_RANK": "2"})  # the same task under the default map
+    assert block.node_rank == 1
 
 
 def test_uneven_flux_layout_is_refused_rather_than_guessed():
