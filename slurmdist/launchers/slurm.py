@@ -138,11 +138,13 @@ def _position(environ: Mapping[str, str], het_nodes: Optional[List[str]], node_r
 
 
 def _first_component_host(environ: Mapping[str, str], het_nodes: Optional[List[str]]) -> Optional[str]:
-    """Task 0's node in a heterogeneous step that runs the job's first component: that component's first
-    node. None when the step leaves the first component out (`srun --het-group=1`): its own nodelist's first
-    node is then task 0's, as in any step."""
+    """Task 0's node in a heterogeneous step that runs the job's first component: that component's first node
+    in the step (a step may use only some of the component's nodes; the variable lists the allocation's).
+    None when the step leaves the first component out (`srun --het-group=1`): its own nodelist's first node
+    is then task 0's, as in any step."""
     component = _hosts_of(environ, FIRST_COMPONENT_NODELIST) if het_nodes is not None else None
-    return component[0] if component and set(component) <= set(het_nodes or ()) else None
+    in_step = set(het_nodes or ())
+    return next((host for host in component or () if host in in_step), None)
 
 
 def _hosts_of(environ: Mapping[str, str], names: Tuple[str, ...]) -> Optional[List[str]]:

@@ -210,6 +210,18 @@ def test_a_step_of_one_component_of_a_heterogeneous_job_meets_on_its_own_first_n
     assert (env.master_addr, env.local_world_size, env.world_size) == ("node1", 2, 2)
 
 
+def test_a_step_with_part_of_the_first_component_meets_on_that_components_node_in_the_step():
+    # `srun -N1 -n1 --het-group=0 : --het-group=1 -n2` in the 3-node allocation (component 0 = node[2-3],
+    # component 1 = node1): the step has node2 (task 0) and node1; the component's list stays the allocation's.
+    task = load_case(case_path("srun_het_N3"))[0]
+    environ = {**task, "SLURM_STEP_NODELIST": "node[1-2]", "SLURM_NODELIST": "node[1-2]", "SLURM_STEP_NUM_NODES": "2",
+               "SLURM_NNODES": "2", "SLURM_STEP_NUM_TASKS": "3", "SLURM_NTASKS": "3", "SLURM_NPROCS": "3",
+               "SLURM_STEP_TASKS_PER_NODE": "2,1", "SLURM_TASKS_PER_NODE": "2,1", "SLURMD_NODENAME": "node2",
+               "SLURM_NODEID": "0", "SLURM_PROCID": "0", "SLURM_LOCALID": "0"}
+    env = detect(environ)
+    assert (env.master_addr, env.world_size, env.local_world_size) == ("node2", 3, 1)
+
+
 def test_srun_with_pmi2_from_the_cluster_is_slurm():
     for _, env in next(iter(launches_of("srun_pmi2_N2_n4").values())):
         assert env.launcher == "slurm"
