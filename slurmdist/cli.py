@@ -30,6 +30,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `slurmdist hostlist expand ... | head -1`: the reader has gone, which is fine
+        _silence_stdout()
+        return 128 + signal.SIGPIPE  # what a shell reports for a writer that SIGPIPE ended
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null: the interpreter flushes it again at exit, and would print a second error."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 def build_parser() -> argparse.ArgumentParser:

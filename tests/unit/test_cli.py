@@ -143,6 +143,16 @@ def test_hostlist_subcommand():
     assert slurmdist("hostlist", "compress", "n1,n2,n3", environ=environ).stdout.strip() == "n[1-3]"
 
 
+def test_a_reader_that_stops_early_ends_the_command_without_a_traceback():
+    # `slurmdist hostlist expand 'n[1-200000]' | head -1`: more than a pipe holds, and head leaves after a line.
+    proc = subprocess.Popen([sys.executable, "-m", "slurmdist", "hostlist", "expand", "n[1-200000]"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout.readline() == b"n1\n"
+    proc.stdout.close()
+    _, err = proc.communicate(timeout=60)
+    assert err == b"" and proc.returncode == 141
+
+
 def test_import_slurmdist_imports_no_heavy_modules():
     code = ("import sys, slurmdist; slurmdist.detect({}); "
             "heavy = [m for m in ('torch', 'mpi4py', 'submitit', 'numpy') if m in sys.modules]; print(heavy)")
