@@ -57,6 +57,9 @@ REQUEUE_COMMAND_TIMEOUT = 60.0  # seconds for `scontrol requeue`
 ENDED_EXIT_STATUS = 128 + signal.SIGTERM  # rank 0 after saving on a SIGTERM: what a shell reports for it
 KILL_WAIT_TIMEOUT = 120.0  # seconds rank 0 waits for Slurm to end it after a requeue (KillWait is 30 s by default)
 
+MAX_SIGNAL_DELAY = 65535  # the most seconds sbatch --signal=SIG@DELAY takes
+SIGNAL_EARLY = 60  # seconds Slurm may send the warning ahead of the asked time (its event resolution)
+
 SignalSpec = Union[str, int, signal.Signals, None]
 UNCATCHABLE = frozenset({signal.SIGKILL, signal.SIGSTOP})
 
@@ -108,6 +111,22 @@ def parse_signal(spec: SignalSpec = None, environ: Optional[Mapping[str, str]] =
     if sig in UNCATCHABLE:
         raise RequeueError(f"{named} cannot be caught, so no checkpoint could follow it; use e.g. USR2")
     return sig
+
+
+def signal_delay_problem(delay: int, minutes: int, *, what: str, within: str, time_name: str,
+                         delay_name: str) -> Optional[str]:
+    """What is wrong with a warning `delay` seconds before a `minutes`-minute time limit, or None. The other
+    arguments name the options, as the caller's user wrote them (`what`: the delay, `within`: the limit)."""
+    if delay > MAX_SIGNAL_DELAY:
+        return f"{what} is more than Slurm's --signal accepts ({MAX_SIGNAL_DELAY} s)"
+    # Slurm may send the warning up to a minute early: a job warned at its start would requeue forever.
+    longest = minutes * 60 - SIGNAL_EARLY - 1
+    if delay <= longest:
+        return None
+    shorter = f", or {delay_name} to at most {longest} s" if longest >= 0 else ""
+    return (f"{what} leaves no time to train within {within} ({minutes} min): Slurm sends the warning that long "
+            f"before the limit, and up to {SIGNAL_EARLY} s earlier, so the job would be warned (and requeued) as "
+            f"it starts. Set {time_name} to at least {(delay + SIGNAL_EARLY) // 60 + 1} min{shorter}")
 
 
 def slurm_name(sig: signal.Signals) -> str:

@@ -22,6 +22,7 @@ from .errors import SlurmdistError
 
 LAUNCHERS = ("srun", "torchrun", "mpirun")
 DEFAULT_SIGNAL = "USR2@120"
+SLURM_DEFAULT_SIGNAL_DELAY = 60  # seconds, when --signal gives no @DELAY
 DEVICES = ("gpu", "npu", "cpu")
 
 # What each #SBATCH value may contain. Narrow on purpose: these are the characters real partition,
@@ -90,6 +91,7 @@ def validate(spec: JobSpec) -> JobSpec:
     _check("output", spec.output, _PATH, "_ . / % + - (%x job name, %j job id)")
     if spec.signal is None:  # srun passes it to every task; torchrun's agent and mpirun would die of it
         spec = replace(spec, signal=DEFAULT_SIGNAL if spec.launcher == "srun" else "")
+    spec = replace(spec, signal=spec.signal.strip().upper())  # usr2@60 as Slurm's own spelling
     if spec.signal and spec.signal.startswith("B:"):
         raise SbatchError(f"--signal {spec.signal!r}: B: sends it to the batch shell only, which this script does "
                           "not trap: the job would die without a checkpoint. Drop the B: (every task gets it)")
@@ -98,6 +100,7 @@ def validate(spec: JobSpec) -> JobSpec:
         raise SbatchError(f"--signal {spec.signal!r} with --launcher {spec.launcher}: {spec.launcher} does not "
                           "pass it on to the ranks and would die of it; use --launcher srun for a warning before "
                           "the time limit")
+    _check_signal_delay(spec)
     if spec.gpus_per_node and spec.device == "cpu":
         raise SbatchError(f"--gpus-per-node {spec.gpus_per_node} with --device cpu: drop one of them "
                           "(CPU-only jobs give --tasks-per-node)")
@@ -114,6 +117,22 @@ def validate(spec: JobSpec) -> JobSpec:
     spec = _with_rank_counts(spec)
     _check_devices_per_rank(spec)
     return spec
+
+
+def _check_signal_delay(spec: JobSpec) -> None:
+    """The warning must come after the job started, and Slurm's --signal takes at most 65535 s. A job warned as
+    it starts saves, requeues, is warned again: requeued until its limit of requeues."""
+    if not spec.signal:
+        return
+    from .requeue import signal_delay_problem
+    from .submit import parse_time
+
+    _, at, seconds = spec.signal.partition("@")
+    delay = int(seconds) if at else SLURM_DEFAULT_SIGNAL_DELAY
+    problem = signal_delay_problem(delay, parse_time(spec.time), what=f"--signal {spec.signal}",
+                                   within=f"--time {spec.time}", time_name="--time", delay_name="the delay after @")
+    if problem is not None:
+        raise SbatchError(problem)
 
 
 def _with_rank_counts(spec: JobSpec) -> JobSpec:
@@ -150,6 +169,12 @@ def render(spec: JobSpec) -> str:
     """The job script for `spec`, validated here."""
     spec = validate(spec)
     lines = ["#!/bin/bash", "# Rendered by `slurmdist sbatch`. Submit with: sbatch THIS_FILE", "#"]
+    if spec.signal:
+        name, _, delay = spec.signal.partition("@")
+        lines += [f"# --signal: every task gets SIG{name.removeprefix('R:')} {delay or SLURM_DEFAULT_SIGNAL_DELAY} s "
+                  "before the time limit. The command must",
+                  "# handle it (slurmdist.requeue.install(), or a handler of its own: save, then requeue or go on),",
+                  "# or the signal kills it. Render with --signal '' for no warning.", "#"]
     lines += [f"#SBATCH {option}" for option in sbatch_options(spec)]
     lines += ["", "set -euo pipefail"]
     if spec.launcher != "mpirun":  # mpirun's own srun (its daemons, one per node) must keep the node's CPUs

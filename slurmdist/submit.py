@@ -38,7 +38,7 @@ from . import commands
 from .errors import SlurmdistError
 from .requeue import (
     ENDED_EXIT_STATUS, LOCAL_CONTROLLER_VARIABLE, LOCAL_REQUEUE_EXIT_CODE, RequeueError, Resumable,
-    exit_without_result, parse_signal, slurm_name,
+    exit_without_result, parse_signal, signal_delay_problem, slurm_name,
 )
 from .sbatch_render import HAND_ON_CPUS_PER_TASK
 
@@ -51,8 +51,6 @@ __all__ = [
 
 DEFAULT_FOLDER = "slurmdist-logs/%j"
 DEFAULT_SIGNAL_DELAY = 120  # seconds between the warning signal and the time limit: room to save a checkpoint
-MAX_SIGNAL_DELAY = 65535  # the most seconds sbatch --signal=SIG@DELAY takes
-SIGNAL_EARLY = 60  # seconds Slurm may send the warning ahead of the asked time (its event resolution)
 SLURM_CALL_TIMEOUT = 15.0  # seconds for one squeue/sacct call
 SUBMIT_TIMEOUT = 120.0  # seconds for a submission (sbatch answers in well under a second on a healthy cluster)
 RESULT_GRACE = 5.0  # seconds to wait for result files after Slurm says the job ended (shared file systems lag)
@@ -204,19 +202,10 @@ class Resources:
         _check_sbatch_options(self.sbatch)
 
     def _check_signal_delay(self, minutes: int) -> None:
-        if self.signal_delay > MAX_SIGNAL_DELAY:
-            raise SubmitError(f"signal_delay={self.signal_delay} s is more than Slurm's --signal accepts "
-                              f"({MAX_SIGNAL_DELAY} s)")
-        # Slurm may send the warning up to a minute early: a job warned at its start would requeue forever.
-        longest = minutes * 60 - SIGNAL_EARLY - 1
-        if self.signal_delay > longest:
-            shorter = f", or signal_delay to at most {longest} s" if longest >= 0 else ""
-            raise SubmitError(
-                f"signal_delay={self.signal_delay} s leaves no time to train within time={self.time!r} ({minutes} "
-                f"min): Slurm sends the warning that long before the limit, and up to {SIGNAL_EARLY} s earlier, so "
-                f"the job would be warned (and requeued) as it starts. Set time to at least "
-                f"{(self.signal_delay + SIGNAL_EARLY) // 60 + 1} min{shorter}"
-            )
+        problem = signal_delay_problem(self.signal_delay, minutes, what=f"signal_delay={self.signal_delay} s",
+                                       within=f"time={self.time!r}", time_name="time", delay_name="signal_delay")
+        if problem is not None:
+            raise SubmitError(problem)
 
     @property
     def ntasks_per_node(self) -> int:

@@ -7,6 +7,7 @@ by stubs that record their argv: the command must arrive word for word, and no c
 from __future__ import annotations
 
 import os
+import re
 import stat
 import subprocess
 from dataclasses import replace
@@ -153,10 +154,15 @@ def test_cli_refuses_with_status_2_and_no_traceback(capsys, tmp_path):
     (["-G", "4", "--launcher", "torchrun", "--workers-per-node", "8", "--", "t.py"],
      "--workers-per-node 8 with --gpus-per-node 4"),
     (["-G", "8", "--device", "npu", "--tasks-per-node", "16", "--", "python", "t.py"], "16 ranks per node on 8 NPUs"),
+    # A warning that reaches the job as it starts (Slurm may send it a minute early): requeued again and again.
+    (["--time", "2", "--", "python", "t.py"],
+     r"--signal USR2@120 leaves no time to train within --time 2 \(2 min\): .* at least 4 min, or the delay after @ to at most 59 s"),
+    (["--time", "1", "--signal", "USR2", "--", "python", "t.py"], "--signal USR2 leaves no time .* at least 3 min(?!,)"),
+    (["--time", "3-00:00:00", "--signal", "USR2@65536", "--", "python", "t.py"], "more than Slurm's --signal accepts"),
 ])
 def test_cli_usage_errors(capsys, args, message):
     assert cli.main(["sbatch", *args]) == 2
-    assert message in capsys.readouterr().err
+    assert re.search(message, capsys.readouterr().err)
 
 
 def test_rendered_options_follow_the_request(capsys):
@@ -169,6 +175,14 @@ def test_rendered_options_follow_the_request(capsys):
         assert f"#SBATCH {line}\n" in script
     assert "export SRUN_CPUS_PER_TASK=" in script
     assert script.rstrip().endswith("srun --kill-on-bad-exit=1 python train.py --lr 0.1")
+
+
+def test_the_warning_signal_is_spelled_as_slurm_does_and_explained_at_the_top():
+    script = render(JobSpec(command=("python", "t.py"), time="30", signal="usr2@300"))
+    assert "#SBATCH --signal=USR2@300\n" in script
+    head = script.split("#SBATCH", 1)[0]
+    assert "every task gets SIGUSR2 300 s before the time limit" in head and "or the signal kills it" in head
+    assert "kills it" not in render(JobSpec(command=("python", "t.py"), signal=""))
 
 
 def test_npu_cpu_and_torchrun_layouts():
