@@ -19,13 +19,13 @@ Why it is built this way:
 from __future__ import annotations
 
 import argparse
+import glob
 import hashlib
 import json
 import math
 import os
 import signal
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -140,9 +140,12 @@ class TrainState:
 
 def write_atomically(path: Path, write: Callable[[Any], None]) -> None:
     """Write via a temporary file in the same directory, fsync, rename: a reader (or a resumed run after a
-    crash mid-write) sees the old file or the new one, never half of one."""
+    crash mid-write) sees the old file or the new one, never half of one. The file gets the usual permissions
+    (0666 less the umask: collaborators can read it), and once it is in place, temporary files that a save
+    killed midway (SIGKILL after the time limit) left behind are removed: one writer per path, rank 0."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    temporary = path.parent / f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}"
+    handle = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(handle, "wb") as stream:
             write(stream)
@@ -150,13 +153,15 @@ def write_atomically(path: Path, write: Callable[[Any], None]) -> None:
             os.fsync(stream.fileno())
         os.replace(temporary, path)
     except BaseException:
-        Path(temporary).unlink(missing_ok=True)
+        temporary.unlink(missing_ok=True)
         raise
     directory = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(directory)  # the rename itself survives a crash
     finally:
         os.close(directory)
+    for leftover in path.parent.glob(f".{glob.escape(path.name)}.*"):
+        leftover.unlink(missing_ok=True)
 
 
 def save_checkpoint(state: TrainState, path: Path) -> None:
@@ -329,10 +334,10 @@ def train(args: argparse.Namespace, env: slurmdist.DistEnv, request: Request) ->
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     request: Request = CheckpointRequest()
-    if args.requeue:
-        request = RequeueAfterSave(slurmdist.requeue.install(CHECKPOINT_SIGNAL))
-    request.install()
     try:
+        if args.requeue:  # reads the launch too (its rank): the batch-script mistake is caught here first
+            request = RequeueAfterSave(slurmdist.requeue.install(CHECKPOINT_SIGNAL))
+        request.install()
         env = slurmdist.init(backend=args.backend)
     except slurmdist.SlurmdistError as error:  # a launch mistake: say what to do, no traceback
         print(f"train.py: {error}", file=sys.stderr)

@@ -191,9 +191,11 @@ class Preemption:
     def install(self) -> "Preemption":
         if threading.current_thread() is not threading.main_thread():
             raise RequeueError("slurmdist.requeue.install() must run in the main thread (Python delivers signals there)")
-        self._previous = signal.signal(self.signal, self._on_signal)
+        # SIGTERM's handler first: a warning that lands between the two lines sets SIGTERM back to its default
+        # (see _on_signal), which installing SIGTERM's handler after it would undo.
         if self.signal != signal.SIGTERM:
             self._previous_term = signal.signal(signal.SIGTERM, self._on_terminate)
+        self._previous = signal.signal(self.signal, self._on_signal)
         self._installed = True
         return self
 

@@ -119,6 +119,30 @@ def test_atomic_write_keeps_the_old_file_when_writing_fails(train, tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["result.json"]
 
 
+def test_atomic_write_honours_the_umask_and_clears_what_killed_saves_left(train, tmp_path):
+    target = tmp_path / "checkpoint.pt"
+    (tmp_path / ".checkpoint.pt.1234.deadbeef").write_bytes(b"half of a save SIGKILL ended")
+    (tmp_path / ".other.pt.1234.deadbeef").write_bytes(b"another file's")
+    old = os.umask(0o027)
+    try:
+        train.write_atomically(target, lambda stream: stream.write(b"new"))
+    finally:
+        os.umask(old)
+    assert target.read_bytes() == b"new"
+    assert target.stat().st_mode & 0o777 == 0o640  # 0666 less the umask, as any file the job writes
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".other.pt.1234.deadbeef", "checkpoint.pt"]
+
+
+def test_a_batch_script_without_srun_is_told_so_with_requeue_too(train, single, monkeypatch, capsys, tmp_path):
+    # requeue.install() reads the launch (its rank) before init() does: the same message, no traceback.
+    for name, value in {"SLURM_JOB_ID": "7", "SLURM_NTASKS": "4", "SLURM_NNODES": "2", "SLURM_PROCID": "0"}.items():
+        monkeypatch.setenv(name, value)
+    status = train.main(["--requeue", "--checkpoint", str(tmp_path / "c.pt"), "--steps", "1"])
+    err = capsys.readouterr().err
+    assert status == 2 and "train.py: This process is the batch script of Slurm job 7" in err
+    assert "Traceback" not in err
+
+
 def test_requeue_needs_a_checkpoint_to_resume_from(train, capsys):
     with pytest.raises(SystemExit):
         train.parse_args(["--requeue"])
