@@ -240,7 +240,8 @@ def unused_gpus(
 def unused_npus(requested: str, choice: BackendChoice, caps: Capabilities) -> Optional[str]:
     """A warning when `auto` chose the CPU on what is plainly an NPU node (`npu_sign`), else None: a missing or
     broken torch_npu would otherwise train on the CPU without a word."""
-    if requested.strip().lower() != "auto" or choice.device_type != "cpu" or caps.npu_sign is None:
+    if (requested.strip().lower() != "auto" or choice.device_type != "cpu" or caps.npu_sign is None
+            or caps.npu_devices > 0):  # NPUs work, and the CPU was asked for (device="cpu")
         return None
     if caps.npu_import_error is not None:
         why = f"torch_npu cannot be used ({caps.npu_import_error})"

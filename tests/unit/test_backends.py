@@ -123,6 +123,7 @@ def test_auto_on_the_cpu_of_an_npu_node_warns_and_says_why():
     assert unused_npus("gloo", cpu, missing) is None  # the CPU asked for by name
     assert unused_npus("auto", cpu, missing._replace(npu_sign=None)) is None  # a toolkit alone: no NPU meant
     assert unused_npus("auto", BackendChoice("hccl", "npu"), no_npu._replace(npu_devices=8)) is None
+    assert unused_npus("auto", cpu, no_npu._replace(npu_devices=8)) is None  # device="cpu" on a working NPU node
     assert probe("hccl").npu_import_error == "torch_npu is not installed"  # asked for by name: always looked for
     assert probe("auto", "npu").npu_import_error == "torch_npu is not installed"  # device="npu": looked for too
 
