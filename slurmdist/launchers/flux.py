@@ -40,13 +40,15 @@ def read(environ: Mapping[str, str]) -> Optional[DistEnv]:
         local_rank=local_rank,
         world_size=world_size,
         local_world_size=per_node,
-        node_rank=_block_node_rank(rank, local_rank, per_node),
+        node_rank=_node_rank(rank, num_nodes, per_node),
         num_nodes=num_nodes,
     )
 
 
-def _block_node_rank(rank: int, local_rank: int, per_node: int) -> Optional[int]:
-    """The node index under Flux's default task map, block (ranks fill one node after the other). Under another
-    map (`--taskmap=cyclic`, a manual one) the local id says so, and the index is unknown: None, not a guess
-    that would land in GROUP_RANK."""
-    return rank // per_node if local_rank == rank % per_node else None
+def _node_rank(rank: int, num_nodes: int, per_node: int) -> Optional[int]:
+    """This task's node index, where the task map does not matter: one node, or one task per node. Elsewhere
+    Flux exports no node index, and no single task can tell its task map (block, the default, or cyclic or
+    manual) from its own variables: None, not a guess that would land in GROUP_RANK."""
+    if num_nodes == 1:
+        return 0
+    return rank if per_node == 1 else None

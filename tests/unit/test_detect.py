@@ -209,7 +209,7 @@ HAND_WRITTEN = {
     "pals": ({"PALS_RANKID": "5", "PALS_LOCAL_RANKID": "1", "PALS_LOCAL_SIZE": "4", "PMI_SIZE": "8",
               "PMI_RANK": "5", "PALS_NODEID": "1", "PALS_APID": "abc"}, (5, 1, 8, 4, 1, None)),
     "flux": ({"FLUX_TASK_RANK": "5", "FLUX_TASK_LOCAL_ID": "1", "FLUX_JOB_SIZE": "8", "FLUX_JOB_NNODES": "2",
-              "FLUX_JOB_ID": "f2"}, (5, 1, 8, 4, 1, 2)),
+              "FLUX_JOB_ID": "f2"}, (5, 1, 8, 4, None, 2)),
     "jsrun": ({"JSM_NAMESPACE_RANK": "6", "JSM_NAMESPACE_LOCAL_RANK": "0", "JSM_NAMESPACE_SIZE": "12",
                "JSM_NAMESPACE_LOCAL_SIZE": "6", "LSB_JOBID": "77"}, (6, 0, 12, 6, None, None)),
     "mvapich": ({"MV2_COMM_WORLD_RANK": "3", "MV2_COMM_WORLD_LOCAL_RANK": "1", "MV2_COMM_WORLD_SIZE": "4",
@@ -247,15 +247,16 @@ def test_flux_tasks_are_flux_although_its_job_shell_serves_pmi_too():
     assert (mpirun.launcher, mpirun.rank) == ("openmpi", 3)
 
 
-def test_flux_node_rank_is_left_unknown_under_a_task_map_other_than_block():
-    # flux run -N2 -n4 --taskmap=cyclic: rank 1 is the first task of node 1.
-    cyclic = {"FLUX_TASK_RANK": "1", "FLUX_TASK_LOCAL_ID": "0", "FLUX_JOB_SIZE": "4", "FLUX_JOB_NNODES": "2",
-              "FLUX_JOB_ID": "f2"}
-    env = detect(cyclic)
+def test_flux_node_rank_is_known_only_where_the_task_map_cannot_matter():
+    # flux run -N2 -n4 --taskmap=cyclic puts rank 1 first on node 1, block on node 0: no task can tell which.
+    base = {"FLUX_TASK_LOCAL_ID": "0", "FLUX_JOB_SIZE": "4", "FLUX_JOB_NNODES": "2", "FLUX_JOB_ID": "f2"}
+    env = detect({**base, "FLUX_TASK_RANK": "1"})
     assert (env.rank, env.local_rank, env.local_world_size, env.num_nodes, env.node_rank) == (1, 0, 2, 2, None)
     assert "GROUP_RANK" not in torchrun_variables(env)
-    block = detect({**cyclic, "FLUX_TASK_RANK": "2"})  # the same task under the default map
-    assert block.node_rank == 1
+    one_per_node = {**base, "FLUX_TASK_RANK": "1", "FLUX_JOB_SIZE": "2"}  # block and cyclic agree
+    assert detect(one_per_node).node_rank == 1
+    one_node = {**base, "FLUX_TASK_RANK": "1", "FLUX_TASK_LOCAL_ID": "1", "FLUX_JOB_NNODES": "1"}
+    assert detect(one_node).node_rank == 0
 
 
 def test_uneven_flux_layout_is_refused_rather_than_guessed():
