@@ -24,6 +24,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import signal
 import sys
 import time
@@ -160,8 +161,10 @@ def write_atomically(path: Path, write: Callable[[Any], None]) -> None:
         os.fsync(directory)  # the rename itself survives a crash
     finally:
         os.close(directory)
-    for leftover in path.parent.glob(f".{glob.escape(path.name)}.*"):
-        leftover.unlink(missing_ok=True)
+    leftover = re.compile(rf"\.{re.escape(path.name)}\.\d+\.[0-9a-f]{{8}}")  # this file's, not ckpt.pt.1's
+    for candidate in path.parent.glob(f".{glob.escape(path.name)}.*"):
+        if leftover.fullmatch(candidate.name):
+            candidate.unlink(missing_ok=True)
 
 
 def save_checkpoint(state: TrainState, path: Path) -> None:

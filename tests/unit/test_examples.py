@@ -123,6 +123,7 @@ def test_atomic_write_honours_the_umask_and_clears_what_killed_saves_left(train,
     target = tmp_path / "checkpoint.pt"
     (tmp_path / ".checkpoint.pt.1234.deadbeef").write_bytes(b"half of a save SIGKILL ended")
     (tmp_path / ".other.pt.1234.deadbeef").write_bytes(b"another file's")
+    (tmp_path / ".checkpoint.pt.1.1234.deadbeef").write_bytes(b"checkpoint.pt.1's save, under way")
     old = os.umask(0o027)
     try:
         train.write_atomically(target, lambda stream: stream.write(b"new"))
@@ -130,7 +131,8 @@ def test_atomic_write_honours_the_umask_and_clears_what_killed_saves_left(train,
         os.umask(old)
     assert target.read_bytes() == b"new"
     assert target.stat().st_mode & 0o777 == 0o640  # 0666 less the umask, as any file the job writes
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".other.pt.1234.deadbeef", "checkpoint.pt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        ".checkpoint.pt.1.1234.deadbeef", ".other.pt.1234.deadbeef", "checkpoint.pt"]
 
 
 def test_a_batch_script_without_srun_is_told_so_with_requeue_too(train, single, monkeypatch, capsys, tmp_path):
