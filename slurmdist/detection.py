@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Callable, Dict, Mapping, Optional
+from typing import Callable, Dict, Mapping, Optional, Set
 
 from .distenv import LOOPBACK, DistEnv
 from .envvars import explicit_master, scheduler_job_id
@@ -64,12 +64,13 @@ def detect(environ: Optional[Mapping[str, str]] = None) -> DistEnv:
 
 
 def _unless_stale(env: DistEnv, environ: Mapping[str, str]) -> DistEnv:
-    """torchrun's variables exported by hand (TORCHELASTIC_RUN_ID unset) must not contradict the srun step
-    this process is a task of. Exported once in the job script, every task has the same RANK; left over from
-    a notebook or an outer job, WORLD_SIZE is too small; either way each task would train alone, or every
-    rank would claim rank 0. A launcher of its own inside the tasks (DeepSpeed's, accelerate's, mpirun's)
-    starts at least as many ranks as the step has tasks, and places them as the step or the MPI launcher
-    does when it starts exactly as many."""
+    """torchrun's variables exported by hand (TORCHELASTIC_RUN_ID unset) that contradict the srun step this
+    process is a task of get a warning. Exported once in the job script, every task has the same RANK, and
+    init() fails far away ('checked in twice', no master address); left over from a notebook or an outer job,
+    each task trains alone as rank 0. They are still used: a launcher of its own inside the tasks (DeepSpeed's,
+    accelerate's, mpirun's), a helper process (`WORLD_SIZE=1` for an evaluation), or one independent run per
+    task sets them on purpose, and no task can tell those from a mistake. `SLURMDIST_LAUNCHER=torchrun`
+    silences it."""
     if "TORCHELASTIC_RUN_ID" in environ:
         return env
     try:
@@ -81,18 +82,26 @@ def _unless_stale(env: DistEnv, environ: Mapping[str, str]) -> DistEnv:
     by_mpi = _read_mpi(environ, inside_step=True)
     if by_mpi is not None and _same_placement(env, by_mpi):
         return env
-    variable, value = ("WORLD_SIZE", env.world_size) if env.world_size < step.world_size else ("RANK", env.rank)
-    raise LaunchError(
-        f"RANK={env.rank} WORLD_SIZE={env.world_size} LOCAL_RANK={env.local_rank} LOCAL_WORLD_SIZE="
-        f"{env.local_world_size} are set (by hand: TORCHELASTIC_RUN_ID is not), but this process is task "
+    _warn_once(
+        f"slurmdist: RANK={env.rank} WORLD_SIZE={env.world_size} LOCAL_RANK={env.local_rank} LOCAL_WORLD_SIZE="
+        f"{env.local_world_size} are set by hand (TORCHELASTIC_RUN_ID is not) but this process is task "
         f"{step.rank} of {step.world_size} (local {step.local_rank} of {step.local_world_size}) of srun step "
-        f"{slurm.step_id(environ) or '?'} of job {step.job_id}. Exported once in the job script, they are the same "
-        "in every task; or they are left over from elsewhere. Unset them (slurmdist reads srun's own variables), "
-        "use `srun slurmdist run -- ...` to set them per task, or set SLURMDIST_LAUNCHER=torchrun to use them as "
-        "they are",
-        variable,
-        str(value),
+        f"{slurm.step_id(environ) or '?'} of job {step.job_id}; using them. Exported once in the job script, they "
+        "are the same in every task (unset them: slurmdist reads srun's own variables, and `srun slurmdist run "
+        "-- ...` sets them per task); left over from elsewhere, unset them. Set SLURMDIST_LAUNCHER=torchrun if "
+        "they are meant"
     )
+    return env
+
+
+_warned: Set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    """A warning the first time this process meets it: detect() runs more than once (init(), is_main(), ...)."""
+    if message not in _warned:
+        _warned.add(message)
+        logger.warning(message)
 
 
 def single(environ: Mapping[str, str], job_id: Optional[str] = None) -> DistEnv:
