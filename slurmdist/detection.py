@@ -98,10 +98,14 @@ _warned: Set[str] = set()
 
 
 def _warn_once(message: str) -> None:
-    """A warning the first time this process meets it: detect() runs more than once (init(), is_main(), ...)."""
-    if message not in _warned:
+    """A warning the first time this process shows it: detect() runs more than once (init(), is_main(), ...).
+    Not counted as shown while slurmdist's logger drops it (a log line asking for its rank: slurmdist.logs)."""
+    if message in _warned or not logger.isEnabledFor(logging.WARNING):
+        return
+    record = logger.makeRecord(logger.name, logging.WARNING, __file__, 0, message, (), None)
+    if logger.filter(record):
         _warned.add(message)
-        logger.warning(message)
+        logger.handle(record)
 
 
 def single(environ: Mapping[str, str], job_id: Optional[str] = None) -> DistEnv:

@@ -171,6 +171,16 @@ def test_torchrun_variables_exported_once_in_the_job_script_get_a_warning_in_eve
     assert len(stale_warnings()) == 3  # once per process, however often detect() runs
 
 
+def test_the_warning_waits_for_a_detect_that_can_show_it(stale_warnings):
+    # A log line that works out its rank runs detect() with slurmdist's records dropped: that does not count.
+    from slurmdist.logs import rank_and_size
+
+    environ = {**load_case("slurm/srun_N2_tpn2")[1], **by_hand(RANK=0, WORLD_SIZE=4, LOCAL_RANK=0, LOCAL_WORLD_SIZE=2)}
+    assert rank_and_size(environ) == (0, 4) and stale_warnings() == []
+    detect(environ)
+    assert len(stale_warnings()) == 1
+
+
 def test_torchrun_variables_of_a_smaller_world_get_a_warning_unless_forced(stale_warnings):
     # A notebook's RANK=0 WORLD_SIZE=1, or an evaluation helper's on purpose: each task would train alone.
     task = load_case("slurm/srun_N2_tpn2")[2]
