@@ -327,8 +327,13 @@ class Command:
         env = {**os.environ, LOCAL_CONTROLLER_VARIABLE: str(os.getppid())} if local else None
         relay = _SignalRelay(local)
         with relay.installed(parse_signal(None)):
-            relay.child = subprocess.Popen(list(self.argv), cwd=self.cwd, env=env)
-            code = relay.child.wait()
+            child = subprocess.Popen(list(self.argv), cwd=self.cwd, env=env,
+                                     preexec_fn=_dies_with_this_process() if local else None)
+            try:
+                relay.started(child)
+                code = child.wait()
+            finally:  # left by an exception (Ctrl-C, the local controller's SIGINT): the command goes too
+                _kill_if_running(child)
         if local and code == LOCAL_REQUEUE_EXIT_CODE:  # the command asked the local controller for a restart
             exit_without_result(LOCAL_REQUEUE_EXIT_CODE)
         if relay.ended or code in (-signals.SIGTERM, ENDED_EXIT_STATUS):
@@ -345,18 +350,30 @@ class _SignalRelay:
     """The task's signal handling while its command runs. SIGTERM (Slurm ending the job, or the local
     controller restarting it) marks the run as ended and is waited out: the command may be saving a
     checkpoint, and the task must not exit before it (submitit's own handler ignores SIGTERM and would report
-    the run as the job's result). Under the LocalExecutor the warning, SIGTERM and SIGINT are passed on to
-    the command, which is not the controller's child."""
+    the run as the job's result). Under the LocalExecutor the warning and SIGTERM are passed on to the
+    command, which is not the controller's child (SIGINT is not: the controller's ends this task, and the
+    command with it, and a Ctrl-C reaches the command itself)."""
 
     def __init__(self, local: bool) -> None:
         self.local = local
         self.child: Optional[subprocess.Popen] = None
         self.ended = False
+        self._pending: List[int] = []  # signals to pass on that came while the command was being started
 
     def _pass_on(self, signum: int) -> None:
+        if not self.local:
+            return
         child = self.child
-        if self.local and child is not None and child.poll() is None:
+        if child is None:
+            self._pending.append(signum)
+        elif child.poll() is None:
             child.send_signal(signum)
+
+    def started(self, child: subprocess.Popen) -> None:
+        self.child = child
+        pending, self._pending = self._pending, []
+        for signum in pending:
+            self._pass_on(signum)
 
     def _on_term(self, signum: int, frame: Any) -> None:
         self.ended = True
@@ -368,14 +385,43 @@ class _SignalRelay:
 
         # Handlers, not SIG_IGN: exec resets handlers to the default, so the command still gets its signals.
         handlers = {warning: lambda signum, frame: self._pass_on(signum), signals.SIGTERM: self._on_term}
-        if self.local:
-            handlers[signals.SIGINT] = lambda signum, frame: self._pass_on(signum)
         previous = {number: signals.signal(number, handler) for number, handler in handlers.items()}
         try:
             yield self
         finally:
             for number, handler in previous.items():
                 signals.signal(number, handler)
+
+
+PR_SET_PDEATHSIG = 1  # prctl(2)
+
+
+def _dies_with_this_process() -> Optional[Callable[[], None]]:
+    """For Popen's preexec_fn: the kernel SIGKILLs the command when this task dies. submitit's local controller
+    SIGKILLs the task at a cancel or the time limit, and the command would run on without a parent, holding its
+    GPU. None where there is no prctl (not Linux). Resolved here, in the parent: the child only calls it."""
+    import ctypes
+    import signal as signals
+
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent, kill = os.getpid(), int(signals.SIGKILL)
+
+    def set_death_signal() -> None:
+        prctl(PR_SET_PDEATHSIG, kill)
+        if os.getppid() != parent:  # the task died before the call: the kernel will not tell this child
+            os._exit(1)
+
+    return set_death_signal
+
+
+def _kill_if_running(child: subprocess.Popen) -> None:
+    if child.poll() is None:
+        child.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            child.wait(timeout=commands.REAP_GRACE)
 
 
 def exit_text(code: int) -> str:

@@ -4,8 +4,10 @@ sbatch script (through submitit's own renderer), states, and the cheap import.""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -216,6 +218,71 @@ def test_a_local_command_task_passes_the_warning_on(tmp_path):
                             {"SUBMITIT_EXECUTOR": "local"})
     assert proc.returncode == 0, proc.stderr
     assert heard.read_text() == "warned\n"
+
+
+def start_command_task(script: str, environ=None) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", COMMAND_UNDER_SUBMITIT, "sh", "-c", script],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            env=None if environ is None else {**os.environ, **environ})
+
+
+def command_pid(pid_file) -> int:
+    deadline = time.monotonic() + 30
+    while not (pid_file.exists() and pid_file.read_text().endswith("\n")):
+        assert time.monotonic() < deadline, "the command never started"
+        time.sleep(0.05)
+    return int(pid_file.read_text())
+
+
+def gone(pid: int, within: float = 10) -> bool:
+    """True once `pid` no longer runs (an unreaped zombie counts as gone), within `within` seconds."""
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            with open(f"/proc/{pid}/stat") as stat:
+                if stat.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    return True
+        except FileNotFoundError:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+
+
+def stop(task: subprocess.Popen, pid_file) -> None:
+    """Whatever the test found, leave neither the task nor its command running."""
+    task.kill()
+    task.wait(timeout=30)
+    if pid_file.exists() and pid_file.read_text().strip() and not gone(int(pid_file.read_text()), 0):
+        os.kill(int(pid_file.read_text()), signal.SIGKILL)
+
+
+@pytest.mark.parametrize("local", [True, False])
+def test_a_command_goes_with_its_task_when_the_task_is_interrupted(tmp_path, local):
+    # The local controller stops a task (cancel, time limit) with SIGINT, then SIGKILL; a Ctrl-C does the first.
+    # A command that ignores SIGINT must not run on without its task.
+    pid_file = tmp_path / "pid"
+    task = start_command_task(f"trap '' INT; echo $$ > '{pid_file}'; exec sleep 60",
+                              {"SUBMITIT_EXECUTOR": "local"} if local else None)
+    try:
+        command = command_pid(pid_file)
+        task.send_signal(signal.SIGINT)
+        assert task.wait(timeout=30) != 0
+        assert gone(command), "the command outlived its interrupted task"
+    finally:
+        stop(task, pid_file)
+
+
+def test_a_local_command_dies_with_its_task_killed_outright(tmp_path):
+    pid_file = tmp_path / "pid"
+    task = start_command_task(f"trap '' INT TERM; echo $$ > '{pid_file}'; exec sleep 60", {"SUBMITIT_EXECUTOR": "local"})
+    try:
+        command = command_pid(pid_file)
+        task.kill()  # the controller's SIGKILL, a second after its SIGINT
+        task.wait(timeout=30)
+        assert gone(command), "the command outlived its SIGKILLed task"
+    finally:
+        stop(task, pid_file)
 
 
 def test_a_local_command_reaches_the_controller_and_its_restart_status_passes_through(tmp_path):
