@@ -102,10 +102,11 @@ def _warn_once(message: str) -> None:
     Not counted as shown while slurmdist's logger drops it (a log line asking for its rank: slurmdist.logs)."""
     if message in _warned or not logger.isEnabledFor(logging.WARNING):
         return
-    record = logger.makeRecord(logger.name, logging.WARNING, __file__, 0, message, (), None)
-    if logger.filter(record):
+    record = logger.makeRecord(logger.name, logging.WARNING, __file__, 0, message, (), None, func="detect")
+    passed = logger.filter(record)  # run once: a filter may count what it lets through
+    if passed and not logger.disabled:
         _warned.add(message)
-        logger.handle(record)
+        logger.callHandlers(passed if isinstance(passed, logging.LogRecord) else record)
 
 
 def single(environ: Mapping[str, str], job_id: Optional[str] = None) -> DistEnv:

@@ -122,7 +122,7 @@ def validate(spec: JobSpec) -> JobSpec:
 def _check_signal_delay(spec: JobSpec) -> None:
     """The warning must come after the job started, and Slurm's --signal takes at most 65535 s. A job warned as
     it starts saves, requeues, is warned again: requeued until its limit of requeues."""
-    if not spec.signal or re.fullmatch(r"0+", spec.time):  # --time 0: no limit, nothing to warn before
+    if not spec.signal or re.fullmatch(r"[0:-]+", spec.time):  # 0, 00:00:00, 0-0: no limit, nothing to warn before
         return
     from .requeue import signal_delay_problem
     from .submit import parse_time

@@ -327,13 +327,15 @@ class Command:
         env = {**os.environ, LOCAL_CONTROLLER_VARIABLE: str(os.getppid())} if local else None
         relay = _SignalRelay(local)
         with relay.installed(parse_signal(None)):
-            child = subprocess.Popen(list(self.argv), cwd=self.cwd, env=env,
+            # Locally the command leads a process group of its own, which the task signals as Slurm signals
+            # every process of a step (torchrun's or mpirun's workers too).
+            child = subprocess.Popen(list(self.argv), cwd=self.cwd, env=env, start_new_session=local,
                                      preexec_fn=_dies_with_this_process() if local else None)
             try:
                 relay.started(child)
                 code = child.wait()
             finally:  # left by an exception (Ctrl-C, the local controller's SIGINT): the command goes too
-                _kill_if_running(child)
+                _kill_if_running(child, whole_group=local)
         if local and code == LOCAL_REQUEUE_EXIT_CODE:  # the command asked the local controller for a restart
             exit_without_result(LOCAL_REQUEUE_EXIT_CODE)
         if relay.ended or code in (-signals.SIGTERM, ENDED_EXIT_STATUS):
@@ -351,8 +353,8 @@ class _SignalRelay:
     controller restarting it) marks the run as ended and is waited out: the command may be saving a
     checkpoint, and the task must not exit before it (submitit's own handler ignores SIGTERM and would report
     the run as the job's result). Under the LocalExecutor the warning and SIGTERM are passed on to the
-    command, which is not the controller's child (SIGINT is not: the controller's ends this task, and the
-    command with it, and a Ctrl-C reaches the command itself)."""
+    command's process group, which the controller does not signal (SIGINT is not: the controller's, or a
+    Ctrl-C, ends this task, and the command's group with it)."""
 
     def __init__(self, local: bool) -> None:
         self.local = local
@@ -366,8 +368,9 @@ class _SignalRelay:
         child = self.child
         if child is None:
             self._pending.append(signum)
-        elif child.poll() is None:
-            child.send_signal(signum)
+        else:
+            with contextlib.suppress(ProcessLookupError):  # the group has gone
+                os.killpg(child.pid, signum)
 
     def started(self, child: subprocess.Popen) -> None:
         self.child = child
@@ -400,12 +403,13 @@ def _dies_with_this_process() -> Optional[Callable[[], None]]:
     """For Popen's preexec_fn: the kernel SIGKILLs the command when this task dies. submitit's local controller
     SIGKILLs the task at a cancel or the time limit, and the command would run on without a parent, holding its
     GPU. None where there is no prctl (not Linux). Resolved here, in the parent: the child only calls it."""
-    import ctypes
     import signal as signals
 
     try:
+        import ctypes
+
         prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
+    except (ImportError, OSError, AttributeError):  # a Python without ctypes, a libc without prctl
         return None
     parent, kill = os.getpid(), int(signals.SIGKILL)
 
@@ -417,11 +421,17 @@ def _dies_with_this_process() -> Optional[Callable[[], None]]:
     return set_death_signal
 
 
-def _kill_if_running(child: subprocess.Popen) -> None:
-    if child.poll() is None:
+def _kill_if_running(child: subprocess.Popen, whole_group: bool) -> None:
+    """SIGKILL the command (and, when it leads its own group, every process it started) unless it has ended."""
+    import signal as signals
+
+    if whole_group:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child.pid, signals.SIGKILL)
+    elif child.poll() is None:
         child.kill()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            child.wait(timeout=commands.REAP_GRACE)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        child.wait(timeout=commands.REAP_GRACE)
 
 
 def exit_text(code: int) -> str:

@@ -128,6 +128,18 @@ def test_auto_on_the_cpu_of_an_npu_node_warns_and_says_why():
     assert probe("auto", "npu").npu_import_error == "torch_npu is not installed"  # device="npu": looked for too
 
 
+def test_no_warning_about_unused_accelerators_when_the_cpu_is_asked_for(recwarn):
+    from slurmdist import process_group
+    from slurmdist.detection import detect
+
+    env = detect({})
+    gave_gpus = {"SLURM_STEP_GPUS": "0,1", "SLURM_JOB_ID": "5"}  # Slurm gave GPUs this CPU-only torch cannot see
+    process_group._choose_device(env, "auto", "cpu", gave_gpus)
+    assert [str(w.message) for w in recwarn] == []
+    process_group._choose_device(env, "auto", None, gave_gpus)
+    assert any("Slurm gave this task GPUs" in str(w.message) for w in recwarn)
+
+
 def test_split_device():
     assert split_device(None) == (None, None)
     assert split_device("cuda:1") == ("cuda", 1)

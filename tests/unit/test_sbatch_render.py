@@ -183,7 +183,8 @@ def test_the_warning_signal_is_spelled_as_slurm_does_and_explained_at_the_top():
     head = script.split("#SBATCH", 1)[0]
     assert "every task gets SIGUSR2 300 s before the time limit" in head and "or the signal kills it" in head
     assert "kills it" not in render(JobSpec(command=("python", "t.py"), signal=""))
-    assert "#SBATCH --time=0\n" in render(JobSpec(command=("python", "t.py"), time="0"))  # Slurm's "no limit"
+    for unlimited in ("0", "00", "0:00", "00:00:00", "0-0", "0-00:00:00"):  # Slurm's "no limit", however written
+        assert f"#SBATCH --time={unlimited}\n" in render(JobSpec(command=("python", "t.py"), time=unlimited))
 
 
 def test_npu_cpu_and_torchrun_layouts():

@@ -273,6 +273,33 @@ def test_a_command_goes_with_its_task_when_the_task_is_interrupted(tmp_path, loc
         stop(task, pid_file)
 
 
+def test_a_local_commands_own_processes_go_with_its_interrupted_task(tmp_path):
+    # torchrun, mpirun or a shell script: what the command starts holds GPUs too.
+    pid_file, worker_file = tmp_path / "pid", tmp_path / "worker"
+    task = start_command_task(f"trap '' INT; sleep 60 & echo $! > '{worker_file}'; echo $$ > '{pid_file}'; wait",
+                              {"SUBMITIT_EXECUTOR": "local"})
+    try:
+        command, worker = command_pid(pid_file), command_pid(worker_file)
+        task.send_signal(signal.SIGINT)
+        task.wait(timeout=30)
+        assert gone(command) and gone(worker), "the command's worker outlived the interrupted task"
+    finally:
+        stop(task, pid_file)
+        if worker_file.exists() and not gone(int(worker_file.read_text()), 0):
+            os.kill(int(worker_file.read_text()), signal.SIGKILL)
+
+
+def test_a_local_commands_workers_hear_the_warning_too(tmp_path):
+    # The command (a launcher) ignores the warning and waits; its worker, a process of its own, saves on it.
+    heard, worker = tmp_path / "heard", tmp_path / "worker.sh"
+    worker.write_text(f"trap 'echo warned > \"{heard}\"; exit 0' USR2\nsleep 20 & wait\n")
+    # (A handler, not '': an ignored signal stays ignored in the shell's children. Its trap interrupts a wait.)
+    proc = run_command_task(f"trap : USR2; sh '{worker}' & sleep 0.5; kill -USR2 $PPID; wait; wait",
+                            {"SUBMITIT_EXECUTOR": "local"})
+    assert proc.returncode == 0, proc.stderr
+    assert heard.read_text() == "warned\n"
+
+
 def test_a_local_command_dies_with_its_task_killed_outright(tmp_path):
     pid_file = tmp_path / "pid"
     task = start_command_task(f"trap '' INT TERM; echo $$ > '{pid_file}'; exec sleep 60", {"SUBMITIT_EXECUTOR": "local"})
