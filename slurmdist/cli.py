@@ -64,7 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
         "from the start, as torchrun's agent does (TORCHELASTIC_USE_AGENT_STORE=True tells the command).",
     )
     run.add_argument("--timeout", type=float, default=None,
-                     help="seconds to wait for the master address (name lookup, or agreement over MPI)")
+                     help="seconds for the agreement on the master over MPI, and for the store host to start "
+                     "serving (default SLURMDIST_INIT_TIMEOUT, else 300)")
     run.add_argument("--no-store", dest="store", action="store_false",
                      help="do not host the rendezvous store on rank 0 (by default a small process serves it, as "
                      "torchrun's agent does, so that no rank waits in torch's connect back-off)")

@@ -161,7 +161,7 @@ def _check_devices_per_rank(spec: JobSpec) -> None:
 
 # --- rendering (pure) ------------------------------------------------------------------------------------
 
-# Slurm 22.05-23.02: srun no longer inherits --cpus-per-task from the allocation; a job script hands it on.
+# Slurm >= 22.05: srun no longer inherits --cpus-per-task from the allocation; a job script hands it on.
 HAND_ON_CPUS_PER_TASK = "if [[ -n ${SLURM_CPUS_PER_TASK:-} ]]; then export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK; fi"
 
 

@@ -241,7 +241,7 @@ def signal_variables(resources: Resources) -> Dict[str, str]:
 
 
 def environment_lines(resources: Resources) -> List[str]:
-    """Shell lines run in the batch script before srun: the signal variables and, for Slurm 22.05-23.02,
+    """Shell lines run in the batch script before srun: the signal variables and, for Slurm 22.05 and later,
     `SRUN_CPUS_PER_TASK` (srun there no longer takes --cpus-per-task from the job: each task would get one CPU)."""
     lines = [f"export {key}={shlex.quote(value)}" for key, value in signal_variables(resources).items()]
     if resources.cpus_per_task:
@@ -507,7 +507,8 @@ def build_executor(resources: Resources, cluster: str, folder: Path, python: Opt
     try:
         import submitit
     except ImportError:
-        raise SubmitError("slurmdist.submit needs submitit: pip install 'slurmdist[submit]'") from None
+        raise SubmitError("slurmdist.submit needs submitit: pip install submitit (or \".[submit]\" in slurmdist's "
+                          "checkout)") from None
     if cluster == "local":
         executor = submitit.LocalExecutor(folder=folder, python=python)
         executor.update_parameters(**local_parameters(resources))

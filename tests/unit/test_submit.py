@@ -338,7 +338,7 @@ def test_submitting_without_submitit_says_what_to_install(monkeypatch, submit):
     from slurmdist.submit import Submitter
 
     monkeypatch.setitem(sys.modules, "submitit", None)  # import fails as when it is not installed
-    with pytest.raises(SubmitError, match=r"needs submitit: pip install 'slurmdist\[submit\]'"):
+    with pytest.raises(SubmitError, match=r"needs submitit: pip install submitit"):
         submit(Submitter(cluster="local"))
 
 
