@@ -118,14 +118,18 @@ def device_ordinal(
         )
     if narrowed_per_task(environ, device_type, device_count, task_is_rank):
         return 0
-    if local_rank < device_count:
+    if local_world_size <= device_count:
         return local_rank
     if share_requested(environ) if share is None else share:
         return local_rank % device_count
+    # Every rank of the node stops here, not only those without a device: the others would wait for them
+    # until the rendezvous timed out.
     raise BackendError(
         f"{local_world_size} tasks on this node but only {device_count} {device_type} device(s) visible "
-        f"({visibility(device_type, environ)}): local rank {local_rank} has no device of its own. Start one task "
-        f"per device ({_one_each(device_type, device_count)}), or set {SHARE_VARIABLE}=1 to let ranks share them"
+        f"({visibility(device_type, environ)}): local ranks {device_count}-{local_world_size - 1} have no device "
+        f"of their own. Start one task per device ({_one_each(device_type, device_count)}), or set "
+        f"{SHARE_VARIABLE}=1 to let ranks share them (also what to set when your launcher or a wrapper already "
+        "gives each rank its own device: jsrun -g1, an affinity script exporting the visibility variable per rank)"
     )
 
 

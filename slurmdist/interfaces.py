@@ -47,7 +47,8 @@ def check_user_choice(value: str, names: Iterable[str]) -> None:
     """A GLOO_SOCKET_IFNAME naming no interface of this host fails here, before any network wait, with the
     names it could have been (gloo itself would fail inside the process group with a C++ assertion)."""
     known = sorted(set(names))
-    unknown = [name for name in value.split(",") if name not in known]
+    # As gloo reads it: empty pieces dropped (a trailing comma), an IPv4 alias label (eth0:1) on its interface.
+    unknown = [name for name in value.split(",") if name and name.partition(":")[0] not in known]
     if unknown:
         raise BackendError(
             f"{GLOO_INTERFACE_VARIABLE}={value!r} names no network interface of this host "

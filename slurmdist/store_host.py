@@ -135,7 +135,10 @@ def wait_for_exit(watched: str, poll: float = PID_POLL) -> None:
     """Block until the process `watched` names ('pidfd:N' or 'pid:N') has exited."""
     kind, _, number = watched.partition(":")
     if kind == "pidfd":
-        select.select([int(number)], [], [])  # a pidfd turns readable when its process ends
+        watch = select.poll()  # not select(): it cannot take a descriptor numbered 1024 or above
+        watch.register(int(number), select.POLLIN)  # a pidfd turns readable when its process ends
+        while not watch.poll():
+            pass
         return
     pid = int(number)
     while True:

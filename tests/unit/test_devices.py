@@ -142,6 +142,21 @@ def test_more_tasks_than_devices_is_an_error_naming_the_variable(case):
         ordinal(task, 1)
 
 
+def test_more_tasks_than_devices_stops_every_rank_of_the_node_not_only_those_without_one(case):
+    # srun -n8 on a node with 4 GPUs: ranks 0-3 would otherwise wait out the rendezvous for 4-7.
+    for local_rank in range(8):
+        with pytest.raises(BackendError, match="8 tasks on this node but only 4 cuda .* local ranks 4-7"):
+            device_ordinal("cuda", local_rank, 8, 4, {"CUDA_VISIBLE_DEVICES": "0,1,2,3"})
+    assert [device_ordinal("cuda", r, 4, 4, {}) for r in range(4)] == [0, 1, 2, 3]
+
+
+def test_a_rank_given_its_own_device_by_another_launcher_is_told_how_to_say_so():
+    # jsrun -g1, or an affinity script exporting CUDA_VISIBLE_DEVICES per rank: one device each, not a mistake.
+    with pytest.raises(BackendError, match="SLURMDIST_SHARE_DEVICES=1 .* jsrun -g1"):
+        device_ordinal("cuda", 1, 6, 1, {"CUDA_VISIBLE_DEVICES": "1"})
+    assert device_ordinal("cuda", 1, 6, 1, {"CUDA_VISIBLE_DEVICES": "1", "SLURMDIST_SHARE_DEVICES": "1"}) == 0
+
+
 def test_sharing_when_asked(case):
     task = {**case("slurm/srun_N2_tpn2")[1], "SLURMDIST_SHARE_DEVICES": "1"}
     assert ordinal(task, 1) == 0

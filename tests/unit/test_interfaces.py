@@ -54,6 +54,8 @@ def test_chosen_only_for_a_group_and_never_over_the_user():
 def test_a_user_choice_is_checked_against_this_hosts_interfaces():
     interfaces.check_user_choice("eth0", ["lo", "eth0"])
     interfaces.check_user_choice("eth0,ib0", ["lo", "eth0", "ib0"])  # gloo takes a list: one device each
+    interfaces.check_user_choice("eth0,", ["lo", "eth0"])  # torch drops the empty piece after a trailing comma
+    interfaces.check_user_choice("eth0:1", ["lo", "eth0"])  # an IPv4 alias label, which gloo matches
     with pytest.raises(BackendError) as caught:
         interfaces.check_user_choice("eth0,ib1", ["lo", "eth0", "ib0"])
     message = str(caught.value)

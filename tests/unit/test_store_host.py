@@ -7,7 +7,7 @@ import pytest
 from slurmdist import detect
 from slurmdist.rendezvous import AGENT_STORE_VARIABLE
 from slurmdist.store_host import wanted
-from tests.conftest import load_case
+from tests.conftest import load_case, missing_prerequisite
 
 
 @pytest.mark.parametrize("case, index, extra, expected", [
@@ -47,3 +47,35 @@ def test_the_store_host_is_started_as_nobodys_child_here_and_keeps_the_fds_it_is
     assert parent != os.getpid()  # reparented: a command exec'd here never waits for it
     with pytest.raises(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)
+
+
+def test_the_watch_on_the_command_takes_a_descriptor_numbered_above_1023():
+    # A `slurmdist run` that inherited many open descriptors: select() cannot take one numbered 1024 or above.
+    import os
+    import resource
+    import subprocess
+    import sys
+    import threading
+
+    from slurmdist.store_host import wait_for_exit
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 2048:
+        missing_prerequisite(f"open descriptors are limited to {hard} here; the test needs 2048")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 2048), hard))
+    command = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    pidfd = os.pidfd_open(command.pid)
+    high = os.dup2(pidfd, 1500)
+    try:
+        waiting = threading.Thread(target=wait_for_exit, args=(f"pidfd:{high}",), daemon=True)
+        waiting.start()
+        waiting.join(0.3)
+        assert waiting.is_alive()  # the command still runs
+        command.stdin.close()
+        command.wait(timeout=30)
+        waiting.join(30)
+        assert not waiting.is_alive(), "the command exited but the watch did not notice"
+    finally:
+        os.close(high)
+        os.close(pidfd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
