@@ -127,12 +127,18 @@ def _check_signal_delay(spec: JobSpec) -> None:
     from .requeue import signal_delay_problem
     from .submit import parse_time
 
-    _, at, seconds = spec.signal.partition("@")
-    delay = int(seconds) if at else SLURM_DEFAULT_SIGNAL_DELAY
+    _, delay = _warning_of(spec.signal)
     problem = signal_delay_problem(delay, parse_time(spec.time), what=f"--signal {spec.signal}",
                                    within=f"--time {spec.time}", time_name="--time", delay_name="the delay after @")
     if problem is not None:
         raise SbatchError(problem)
+
+
+def _warning_of(signal: str) -> Tuple[str, int]:
+    """A validated --signal value as (signal name, seconds before the limit): 'R:USR2@120' -> ('USR2', 120);
+    Slurm's default delay when it gives none."""
+    name, at, seconds = signal.partition("@")
+    return name.removeprefix("R:"), int(seconds) if at else SLURM_DEFAULT_SIGNAL_DELAY
 
 
 def _with_rank_counts(spec: JobSpec) -> JobSpec:
@@ -170,9 +176,8 @@ def render(spec: JobSpec) -> str:
     spec = validate(spec)
     lines = ["#!/bin/bash", "# Rendered by `slurmdist sbatch`. Submit with: sbatch THIS_FILE", "#"]
     if spec.signal:
-        name, _, delay = spec.signal.partition("@")
-        lines += [f"# --signal: every task gets SIG{name.removeprefix('R:')} {delay or SLURM_DEFAULT_SIGNAL_DELAY} s "
-                  "before the time limit. The command must",
+        name, delay = _warning_of(spec.signal)
+        lines += [f"# --signal: every task gets SIG{name} {delay} s before the time limit. The command must",
                   "# handle it (slurmdist.requeue.install(), or a handler of its own: save, then requeue or go on),",
                   "# or the signal kills it. Render with --signal '' for no warning.", "#"]
     lines += [f"#SBATCH {option}" for option in sbatch_options(spec)]

@@ -137,8 +137,7 @@ def wait_for_exit(watched: str, poll: float = PID_POLL) -> None:
     if kind == "pidfd":
         watch = select.poll()  # not select(): it cannot take a descriptor numbered 1024 or above
         watch.register(int(number), select.POLLIN)  # a pidfd turns readable when its process ends
-        while not watch.poll():
-            pass
+        watch.poll()  # no timeout: returns only once it has
         return
     pid = int(number)
     while True:
