@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Callable, Dict, Mapping, Optional, Set
+from typing import Callable, Dict, Mapping, Optional
 
 from .distenv import LOOPBACK, DistEnv
 from .envvars import explicit_master, scheduler_job_id
 from .errors import LaunchError
 from .launchers import flux, mpi, slurm, submitit_local, torchrun
+from .notices import warn_once
 
 logger = logging.getLogger("slurmdist")
 
@@ -82,31 +83,17 @@ def _unless_stale(env: DistEnv, environ: Mapping[str, str]) -> DistEnv:
     by_mpi = _read_mpi(environ, inside_step=True)
     if by_mpi is not None and _same_placement(env, by_mpi):
         return env
-    _warn_once(
+    warn_once(
         f"slurmdist: RANK={env.rank} WORLD_SIZE={env.world_size} LOCAL_RANK={env.local_rank} LOCAL_WORLD_SIZE="
         f"{env.local_world_size} are set by hand (TORCHELASTIC_RUN_ID is not) but this process is task "
         f"{step.rank} of {step.world_size} (local {step.local_rank} of {step.local_world_size}) of srun step "
         f"{slurm.step_id(environ) or '?'} of job {step.job_id}; using them. Exported once in the job script, they "
         "are the same in every task (unset them: slurmdist reads srun's own variables, and `srun slurmdist run "
         "-- ...` sets them per task); left over from elsewhere, unset them. Set SLURMDIST_LAUNCHER=torchrun if "
-        "they are meant"
+        "they are meant",
+        __file__,
     )
     return env
-
-
-_warned: Set[str] = set()
-
-
-def _warn_once(message: str) -> None:
-    """A warning the first time this process shows it: detect() runs more than once (init(), is_main(), ...).
-    Not counted as shown while slurmdist's logger drops it (a log line asking for its rank: slurmdist.logs)."""
-    if message in _warned or not logger.isEnabledFor(logging.WARNING):
-        return
-    record = logger.makeRecord(logger.name, logging.WARNING, __file__, 0, message, (), None, func="detect")
-    passed = logger.filter(record)  # run once: a filter may count what it lets through
-    if passed and not logger.disabled:
-        _warned.add(message)
-        logger.callHandlers(passed if isinstance(passed, logging.LogRecord) else record)
 
 
 def single(environ: Mapping[str, str], job_id: Optional[str] = None) -> DistEnv:

@@ -25,6 +25,16 @@ def unresolved(what: str) -> str:
     return rf"(?:{re.escape(what)} does not resolve|the lookup of {re.escape(what)} (?:took longer|failed))"
 
 
+@pytest.fixture(autouse=True)
+def fresh_warnings():
+    """Each test sees slurmdist's once-per-process warnings as a new process would: once."""
+    from slurmdist import notices
+
+    notices.forget()
+    yield
+    notices.forget()
+
+
 def in_ci() -> bool:
     return os.environ.get("CI", "").strip().lower() == "true"
 

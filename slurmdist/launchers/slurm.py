@@ -8,7 +8,6 @@ truth for the step; the job-level ones describe the allocation and may differ (`
 
 from __future__ import annotations
 
-import logging
 from typing import List, Mapping, Optional, Tuple
 
 from ..distenv import DistEnv
@@ -21,9 +20,9 @@ from ..envvars import (
     require_count,
 )
 from ..errors import HostlistError, LaunchError
+from ..notices import warn_once
 from ..ports import step_port
 
-logger = logging.getLogger("slurmdist")
 
 STEP_ID_VARIABLES = ("SLURM_STEP_ID", "SLURM_STEPID")
 JOB_ID_VARIABLES = ("SLURM_JOB_ID", "SLURM_JOBID")
@@ -214,12 +213,10 @@ def check_outside_step(environ: Mapping[str, str]) -> Optional[str]:
             source.split("=")[0],
             str(tasks),
         )
-    logger.warning(
-        "slurmdist: inside Slurm job %s (%s) but not in an srun step: running as a single process. "
-        "Use `srun python ...` to start all %d tasks.",
-        job,
-        source,
-        tasks,
+    warn_once(
+        f"slurmdist: inside Slurm job {job} ({source}) but not in an srun step: running as a single process. "
+        f"Use `srun python ...` to start all {tasks} tasks.",
+        __file__,
     )
     return job
 

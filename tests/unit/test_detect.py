@@ -112,6 +112,16 @@ def test_salloc_shell_runs_as_one_process_and_warns_that_srun_is_needed(caplog):
     assert "srun" in caplog.text
 
 
+def test_the_salloc_shell_warning_shows_once_per_process(caplog):
+    # init(), is_main() and every print0 line call detect(): the launch does not change between them.
+    (environ,) = load_case("slurm/salloc_N2_tpn2_shell")
+    with caplog.at_level(logging.WARNING, logger="slurmdist"):
+        for _ in range(3):
+            detect(environ)
+    warnings = [r.getMessage() for r in caplog.records if "not in an srun step" in r.getMessage()]
+    assert len(warnings) == 1 and environ["SLURM_JOB_ID"] in warnings[0]
+
+
 def test_openmpi_ranks_keep_openmpis_own_local_rank_order():
     for environ, env in detect_all("mpi/openmpi_np4"):
         assert env.launcher == "openmpi"

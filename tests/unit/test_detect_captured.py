@@ -148,12 +148,8 @@ def by_hand(**variables: int) -> Dict[str, str]:
 @pytest.fixture
 def stale_warnings(caplog):
     """The warnings detect() gives about hand-exported torchrun variables, each process's first time."""
-    from slurmdist import detection
-
-    detection._warned.clear()
     caplog.set_level(logging.WARNING, logger="slurmdist")
-    yield lambda: [r.getMessage() for r in caplog.records if "set by hand" in r.getMessage()]
-    detection._warned.clear()
+    return lambda: [r.getMessage() for r in caplog.records if "set by hand" in r.getMessage()]
 
 
 def test_torchrun_variables_exported_once_in_the_job_script_get_a_warning_in_every_task_they_misplace(stale_warnings):
