@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import json
+import logging
+import os
 import socket
 import subprocess
+from types import SimpleNamespace
 
 import pytest
 
-from slurmdist import interfaces
+from slurmdist import detect, interfaces, process_group
 from slurmdist.errors import BackendError
-from tests.conftest import default_route_device, ip_command
+from tests.conftest import default_route_device, ip_command, load_case
 
 V4 = socket.inet_pton(socket.AF_INET, "10.1.0.7")
 V6 = socket.inet_pton(socket.AF_INET6, "fd00::7")
@@ -78,6 +81,27 @@ def test_one_node_binds_loopback_and_several_need_an_address():
     assert interfaces.gloo_interface(None, single_node=True) == "lo"
     assert interfaces.gloo_interface(None, single_node=False) is None  # unknown: gloo keeps its own choice
     assert interfaces.gloo_interface("127.0.0.12", single_node=False) == "lo"
+
+
+@pytest.mark.parametrize("reach, chosen", [
+    ("fe80::1", None),  # a link-local master: its zone is this node's business, the interface cannot be told
+    ("127.0.0.11", "lo"),  # the local cluster's node 1
+])
+def test_init_warns_on_a_multi_node_group_when_it_cannot_tell_gloos_interface(reach, chosen, caplog, monkeypatch):
+    # gloo then binds what the node's name resolves to (127.0.1.1 on Debian), which other nodes cannot reach.
+    task = load_case("slurm/srun_N2_tpn2")[2]  # rank 2, on the second node
+    meeting = SimpleNamespace(env=detect(task), master_reach=lambda: reach)
+    monkeypatch.setenv(interfaces.GLOO_INTERFACE_VARIABLE, "unset below, restored after the test")
+    monkeypatch.delenv(interfaces.GLOO_INTERFACE_VARIABLE)
+    monkeypatch.setitem(process_group._state, "interface", None)
+    with caplog.at_level(logging.WARNING, logger="slurmdist"):
+        process_group._choose_gloo_interface(meeting, task)
+    assert os.environ.get(interfaces.GLOO_INTERFACE_VARIABLE) == chosen
+    warned = [r.getMessage() for r in caplog.records if "no interface towards the master" in r.getMessage()]
+    if chosen is None:  # says which rank, which address, and what to set
+        assert len(warned) == 1 and all(part in warned[0] for part in ("rank 2 ", f"({reach})", "GLOO_SOCKET_IFNAME"))
+    else:
+        assert warned == []
 
 
 @pytest.mark.parametrize("master, own_name, expected", [
