@@ -46,12 +46,12 @@ HOSTFILE_VARIABLE = "SLURM_HOSTFILE"
 
 
 def step_id(environ: Mapping[str, str]) -> Optional[str]:
-    """The srun step id, or None outside a task step (batch script, salloc shell, extern step)."""
+    """The srun step id, or None outside a task step (batch script, salloc shell, extern step). An empty
+    variable says nothing: the other spelling may still."""
     for name in STEP_ID_VARIABLES:
-        value = environ.get(name)
-        if value is not None:
-            value = value.strip()
-            return None if value in NON_TASK_STEPS or not value else value
+        value = environ.get(name, "").strip()
+        if value:
+            return None if value in NON_TASK_STEPS else value
     return None
 
 
@@ -91,14 +91,15 @@ def read_step(environ: Mapping[str, str]) -> Optional[DistEnv]:
         )
     check_index("srun", "SLURM_PROCID", rank, world_name, world_size)
     check_index("srun", "SLURM_NODEID", node_rank, nodes_name, num_nodes)
+    # Read even when unused: it checks the nodelist against the node count, which this node's place in it needs.
+    first_host = _first_host(environ, num_nodes)
     het_nodes = _heterogeneous_step_nodes(environ)
-    position = _position(environ, het_nodes, node_rank)
+    position = _position(environ, het_nodes, node_rank, num_nodes)
     local_world_size = layout[position]
     check_index("srun", "SLURM_LOCALID", local_rank, f"{layout_name}[node {position}]", local_world_size)
 
     job = job_id(environ)
     master_addr, master_port = explicit_master(environ)
-    first_host = _first_host(environ, num_nodes)  # read even when unused: it checks the nodelist
     if master_addr is None and not arbitrary_layout(environ):
         # Block, cyclic and plane layouts all put task 0 on the first node; a heterogeneous step on the
         # first node of its first component, which Slurm's sorted step nodelist need not start with.
@@ -127,11 +128,12 @@ def _heterogeneous_step_nodes(environ: Mapping[str, str]) -> Optional[List[str]]
     return _hosts_of(environ, NODELIST_VARIABLES)  # a bad nodelist: _first_host reports it, naming the variable
 
 
-def _position(environ: Mapping[str, str], het_nodes: Optional[List[str]], node_rank: int) -> int:
+def _position(environ: Mapping[str, str], het_nodes: Optional[List[str]], node_rank: int, num_nodes: int) -> int:
     """This node's place in the step's nodelist and layout. SLURM_NODEID, except in a heterogeneous step:
-    Slurm sorts its nodelist (and layout) by name while SLURM_NODEID follows the tasks' order."""
+    Slurm sorts its nodelist (and layout) by name while SLURM_NODEID follows the tasks' order. A nodelist of
+    another length than the step's (the job's, when the step's is missing) cannot say."""
     name = environ.get("SLURMD_NODENAME", "").strip()
-    if het_nodes is not None and name in het_nodes:
+    if het_nodes is not None and len(het_nodes) == num_nodes and name in het_nodes:
         return het_nodes.index(name)
     return node_rank
 
@@ -201,7 +203,7 @@ def check_outside_step(environ: Mapping[str, str]) -> Optional[str]:
         return job
     # The batch script carries SLURM_PROCID=0 and no step id (or the "batch" one); an salloc shell or
     # interactive step does not. Only the batch script is known to be one of several tasks that never started.
-    raw_step = next((environ[name].strip() for name in STEP_ID_VARIABLES if name in environ), "batch")
+    raw_step = next((environ[name].strip() for name in STEP_ID_VARIABLES if environ.get(name, "").strip()), "batch")
     in_batch_script = "SLURM_PROCID" in environ and raw_step in BATCH_STEPS
     if in_batch_script:
         raise LaunchError(

@@ -245,6 +245,31 @@ def test_a_step_with_part_of_the_first_component_meets_on_that_components_node_i
     assert (env.master_addr, env.world_size, env.local_world_size) == ("node2", 3, 1)
 
 
+@pytest.mark.parametrize("nodelists", [
+    {"SLURM_STEP_NODELIST": "node[1-3]"},  # one node more than the step has: named as the contradiction
+    {"SLURM_STEP_NODELIST": None, "SLURM_NODELIST": "node[1-3]"},  # only the job's list: it cannot place the node
+])
+def test_a_heterogeneous_step_whose_nodelist_disagrees_with_its_node_count(nodelists):
+    # This node (node3) sits past the end of the step's layout: an error naming the list, or SLURM_NODEID.
+    task = load_case(case_path("srun_het_N2"))[1]
+    environ = {name: value for name, value in {**task, **nodelists, "SLURMD_NODENAME": "node3"}.items() if value}
+    if nodelists.get("SLURM_STEP_NODELIST"):
+        with pytest.raises(LaunchError, match=r"SLURM_STEP_NODELIST='node\[1-3\]' names 3 hosts but the step has 2"):
+            detect(environ)
+    else:
+        node = int(task["SLURM_NODEID"])
+        env = detect(environ)
+        assert (env.node_rank, env.local_world_size) == (node, int(task["SLURM_STEP_TASKS_PER_NODE"].split(",")[node]))
+
+
+def test_an_empty_step_id_variable_leaves_the_other_spelling_to_say():
+    for task in load_case(case_path("srun_N2_tpn2")):
+        step = task.get("SLURM_STEP_ID") or task["SLURM_STEPID"]
+        for empty, other in (("SLURM_STEP_ID", "SLURM_STEPID"), ("SLURM_STEPID", "SLURM_STEP_ID")):
+            env = detect({**task, empty: "", other: step})
+            assert (env.launcher, env.rank, env.world_size) == ("slurm", int(task["SLURM_PROCID"]), int(task["SLURM_STEP_NUM_TASKS"]))
+
+
 def test_srun_with_pmi2_from_the_cluster_is_slurm():
     for _, env in next(iter(launches_of("srun_pmi2_N2_n4").values())):
         assert env.launcher == "slurm"
