@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from typing import Mapping, NamedTuple, Optional, Tuple
 
+from .envvars import whole_number
 from .errors import BackendError
 
 # What narrows the devices a process sees, per device type. On ROCm, Slurm sets the HIP/ROCR variables
@@ -39,12 +40,12 @@ def visibility(device_type: str, environ: Mapping[str, str]) -> str:
 def gpus_per_task(environ: Mapping[str, str]) -> Optional[int]:
     """N from `--gpus-per-task=N`, whichever variable carries it here; None when the job did not ask."""
     per_task = environ.get("SLURM_GPUS_PER_TASK", "").rpartition(":")[2]  # "2" or "a100:2"
-    if per_task.isdigit():
-        return int(per_task)
+    if per_task.isdigit() and per_task.isascii():
+        return whole_number(per_task)
     bind = environ.get("SLURMD_TRES_BIND", "")
     found = _BIND_PER_TASK.search(bind) if "gpu" in bind else None
     found = found or _TRES_GPU.search(environ.get("SLURM_TRES_PER_TASK", ""))
-    return int(found.group(1)) if found else None
+    return whole_number(found.group(1)) if found else None
 
 
 class DevicePlan(NamedTuple):

@@ -19,6 +19,13 @@ MAX_NODES = 2**20
 JOB_ID_VARIABLES = ("SLURM_JOB_ID", "SLURM_JOBID", "FLUX_JOB_ID", "LSB_JOBID", "PBS_JOBID", "PALS_APID")
 
 
+def whole_number(digits: str, max_digits: int = 18) -> Optional[int]:
+    """`digits` (ASCII digits only) as an int; None when it has more than `max_digits` significant digits.
+    Python refuses int() on more than 4300 digits with a bare ValueError, and no count, port or id has 19."""
+    significant = digits.lstrip("0")
+    return int(significant or "0") if len(significant) <= max_digits else None
+
+
 def parse_count(name: str, raw: str, *, minimum: int = 0) -> int:
     """`raw` as a whole number >= `minimum`, or a LaunchError naming `name` and the value."""
     text = raw.strip()
@@ -37,8 +44,8 @@ def parse_count(name: str, raw: str, *, minimum: int = 0) -> int:
             name,
             raw,
         )
-    value = int(text)
-    if value > MAX_COUNT:
+    value = whole_number(text)
+    if value is None or value > MAX_COUNT:
         raise LaunchError(f"{name}={raw!r} is too large (over {MAX_COUNT}); the variable is corrupt", name, raw)
     if value < minimum:
         raise LaunchError(f"{name}={raw!r} must be at least {minimum}", name, raw)

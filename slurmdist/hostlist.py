@@ -29,6 +29,7 @@ import functools
 import re
 from typing import Dict, Iterable, Iterator, List, NoReturn, Optional, Tuple
 
+from slurmdist.envvars import whole_number
 from slurmdist.errors import HostlistError
 
 __all__ = ["DEFAULT_LIMIT", "MAX_NAME_LENGTH", "compress", "count", "expand", "first"]
@@ -131,11 +132,8 @@ def _diagnose_body(text: str, pos: int, body: str) -> NoReturn:
 
 def _number(digits: str) -> Optional[int]:
     """A bound as an int, None beyond Slurm's unsigned long (leading zeros stripped so int() stays linear)."""
-    significant = digits.lstrip("0")
-    if len(significant) > _MAX_DIGITS:
-        return None
-    value = int(significant or "0")
-    return None if value > _MAX_NUMBER else value
+    value = whole_number(digits, _MAX_DIGITS)
+    return None if value is None or value > _MAX_NUMBER else value
 
 
 def _range_pos(pos: int, body: str, index: int) -> int:

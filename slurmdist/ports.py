@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import zlib
 
+from .envvars import whole_number
+
 # Below Linux's ephemeral range (32768-60999), so the port is never already taken by some outgoing
 # connection's local end, and above the 1-9999 range where well-known services live.
 PORT_MIN = 10000
@@ -23,4 +25,5 @@ def step_port(job_id: str, step_id: str) -> int:
 def _as_number(text: str) -> int:
     """Numeric ids as themselves (so steps stay consecutive); anything else through a stable hash."""
     text = text.strip()
-    return int(text) if text.isdigit() and text.isascii() else zlib.crc32(text.encode())
+    number = whole_number(text) if text.isdigit() and text.isascii() else None
+    return zlib.crc32(text.encode()) if number is None else number

@@ -41,6 +41,7 @@ from types import FrameType
 from typing import Any, List, Mapping, Optional, Union
 
 from . import commands
+from .envvars import whole_number
 from .errors import SlurmdistError
 
 log = logging.getLogger("slurmdist")
@@ -137,7 +138,7 @@ def slurm_name(sig: signal.Signals) -> str:
 def restart_count(environ: Mapping[str, str]) -> int:
     """How many times Slurm has requeued this job already (0 on its first run)."""
     raw = environ.get("SLURM_RESTART_COUNT", "").strip()
-    return int(raw) if raw.isdigit() else 0
+    return (whole_number(raw) or 0) if raw.isdigit() and raw.isascii() else 0
 
 
 def requeue_limit(value: Optional[int], environ: Mapping[str, str]) -> int:
@@ -147,10 +148,11 @@ def requeue_limit(value: Optional[int], environ: Mapping[str, str]) -> int:
     raw = environ.get(MAX_REQUEUES_VARIABLE, "").strip()
     if not raw:
         return DEFAULT_MAX_REQUEUES
-    if not raw.isdigit():
+    limit = whole_number(raw) if raw.isdigit() and raw.isascii() else None
+    if limit is None:
         raise RequeueError(f"{MAX_REQUEUES_VARIABLE}={raw!r} is not a whole number of requeues; set it to 0 or "
                            f"more, or unset it for the default {DEFAULT_MAX_REQUEUES}")
-    return int(raw)
+    return limit
 
 
 def plan(environ: Mapping[str, str], limit: int) -> Plan:

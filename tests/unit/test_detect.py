@@ -64,6 +64,19 @@ def test_two_steps_of_one_job_and_two_jobs_get_different_ports():
     assert len(ports) == 9
 
 
+@pytest.mark.parametrize("name", ["SLURM_PROCID", "SLURM_LOCALID", "SLURM_STEP_NUM_TASKS", "MASTER_PORT"])
+def test_a_number_too_long_for_int_is_refused_naming_the_variable(name):
+    # Python's int() refuses more than 4300 digits with a bare ValueError, which reached the CLI as a traceback.
+    task = load_case("slurm/srun_N2_tpn2")[0]
+    with pytest.raises(LaunchError, match=f"^{name}='7777.*too large"):
+        detect({**task, name: "7" * 5000})
+
+
+def test_a_job_id_too_long_for_int_still_derives_a_port():
+    task = load_case("slurm/srun_N2_tpn2")[0]
+    assert PORT_MIN <= detect({**task, "SLURM_JOB_ID": "7" * 5000}).master_port <= PORT_MAX
+
+
 def test_explicit_master_wins_over_the_nodelist():
     base = load_case("slurm/srun_N2_tpn2")[0]
     env = detect({**base, "MASTER_ADDR": "10.0.0.5", "MASTER_PORT": "23456"})

@@ -62,7 +62,7 @@ TEXT_VARIABLES = {
     "SUBMITIT_LOCAL_JOB_ID": ["123", "", " "],
     "SLURM_STEP_ID": ["0", "1", "batch", "extern", "interactive", "4294967294", "4294967290", "", " ", "-1", "x"],
     "SLURM_STEPID": ["0", "3", "batch", ""],
-    "SLURM_JOB_ID": ["1", "42", "", " ", "12_3", "-5"],
+    "SLURM_JOB_ID": ["1", "42", "", " ", "12_3", "-5", "8" * 5000],
     "SLURM_JOBID": ["42", ""],
     "FLUX_JOB_ID": ["f2abc", ""],
     "LSB_JOBID": ["7", ""],
@@ -76,6 +76,7 @@ LAYOUT_VARIABLES = ["SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"]
 MALFORMED_COUNTS = [
     "", " ", "\t", "-1", "-0", "--1", "abc", "1.5", "1e3", "+3", "0x10", " 2 ", "3\n", "nan", "None",
     "\u0661", "\u00b2", "\uff11", str(2**31 - 1), str(2**31), str(2**63), "9" * 400, "0" * 300 + "1",
+    "7" * 5000,  # past Python's 4300-digit limit for int(): a bare ValueError unless refused first
 ]
 counts = st.one_of(
     st.integers(0, 8).map(str),                  # plausible: keeps many cases deep inside the readers
@@ -96,6 +97,7 @@ nodelists = st.one_of(
 BROKEN_LAYOUTS = [
     "", " ", "2(x", "(x2)", "2(x0)", "2(x-1)", "2(x3", "1,,2", "x", "-1", "2(x3)(x2)", "1(x2147483647)",
     "1(x2147483646)", "3(x99999999999)", "1(x4294967296)", ",", "2(x1),", "\u0662", "2 (x2)",
+    "2(x" + "9" * 5000 + ")",
 ]
 layouts = st.one_of(
     st.sampled_from(["1", "2", "4", "2(x2)", "2,1", "4(x2)", "2(x3),1", "1(x4)"]),

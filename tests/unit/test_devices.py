@@ -35,6 +35,17 @@ def test_gpus_per_task_leaves_each_task_ordinal_zero(case):
         assert ordinal(narrowed, 1) == 0
 
 
+@pytest.mark.parametrize("variables, expected", [
+    ({"SLURM_GPUS_PER_TASK": "a100:2"}, 2),
+    ({"SLURMD_TRES_BIND": "gres/gpu:per_task:1"}, 1),
+    ({"SLURM_TRES_PER_TASK": "cpu:4,gres/gpu:2"}, 2),
+    ({"SLURM_GPUS_PER_TASK": "7" * 5000}, None),  # past Python's int() limit: corrupt, not a request
+    ({"SLURM_TRES_PER_TASK": "gres/gpu:" + "7" * 5000}, None),
+])
+def test_gpus_per_task_from_each_variable_slurm_exports(variables, expected):
+    assert gpus_per_task(variables) == expected
+
+
 def test_step_gpus_longer_than_visible_means_narrowed(case):
     task = {**case("slurm/srun_gpus_per_node2")[1], "CUDA_VISIBLE_DEVICES": "1"}
     assert ordinal(task, 1) == 0

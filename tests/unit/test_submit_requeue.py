@@ -48,6 +48,10 @@ def test_restart_count_and_limit():
     assert requeue_limit(1, {"SLURMDIST_MAX_REQUEUES": "3"}) == 1
     with pytest.raises(RequeueError, match="SLURMDIST_MAX_REQUEUES='three'"):
         requeue_limit(None, {"SLURMDIST_MAX_REQUEUES": "three"})
+    # Past Python's 4300-digit int() limit: the same error, not a bare ValueError from the handler.
+    with pytest.raises(RequeueError, match="SLURMDIST_MAX_REQUEUES='7777.*is not a whole number of requeues"):
+        requeue_limit(None, {"SLURMDIST_MAX_REQUEUES": "7" * 5000})
+    assert restart_count({"SLURM_RESTART_COUNT": "7" * 5000}) == 0  # corrupt: read as no requeue yet
 
 
 def test_plan_under_slurm_requeues_this_job():
