@@ -24,7 +24,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"{parser.prog}: error: a command is required", file=sys.stderr)
         return 2
     try:
-        return args.handler(args)
+        status = args.handler(args)
+        sys.stdout.flush()  # here, where a failed write is reported below, not at exit as a traceback
+        return status
     except SlurmdistError as error:
         print(f"slurmdist: error: {error}", file=sys.stderr)
         return 2
@@ -33,6 +35,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except BrokenPipeError:  # `slurmdist hostlist expand ... | head -1`: the reader has gone, which is fine
         _silence_stdout()
         return 128 + signal.SIGPIPE  # what a shell reports for a writer that SIGPIPE ended
+    except OSError as error:  # `> /dev/full`, a file system gone read-only: as coreutils report a failed write
+        print(f"slurmdist: error: {error}", file=sys.stderr)
+        try:
+            sys.stdout.flush()
+        except OSError:
+            _silence_stdout()
+        return 1
 
 
 def _silence_stdout() -> None:

@@ -137,7 +137,12 @@ class RankAdapter(logging.LoggerAdapter):
         return self.logger.isEnabledFor(level)
 
     def process(self, msg: Any, kwargs: MutableMapping[str, Any]) -> Tuple[Any, MutableMapping[str, Any]]:
-        return f"{prefix(*rank_and_size())} {msg}", kwargs
+        rank, world_size = rank_and_size()
+        line_prefix = prefix(rank, world_size)
+        # Marked as prefixed, with the fields a RankFilter adds: a handler that has one does not prefix it again.
+        kwargs["extra"] = {**(kwargs.get("extra") or {}), "_slurmdist_prefixed": True, "rank": rank,
+                           "world_size": world_size, "rank_prefix": line_prefix}
+        return f"{line_prefix} {msg}", kwargs
 
 
 def rank_logger(

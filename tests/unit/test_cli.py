@@ -153,6 +153,14 @@ def test_a_reader_that_stops_early_ends_the_command_without_a_traceback():
     assert err == b"" and proc.returncode == 141
 
 
+@pytest.mark.parametrize("args", [("hostlist", "expand", "n[1-3]"), ("env", "--format", "json")])
+def test_a_failed_write_is_one_line_of_error_not_a_traceback(args):
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run([sys.executable, "-m", "slurmdist", *args], stdout=full, stderr=subprocess.PIPE,
+                              text=True, timeout=30, env=clean_environ())
+    assert (proc.returncode, proc.stderr) == (1, "slurmdist: error: [Errno 28] No space left on device\n")
+
+
 def test_import_slurmdist_imports_no_heavy_modules():
     code = ("import sys, slurmdist; slurmdist.detect({}); "
             "heavy = [m for m in ('torch', 'mpi4py', 'submitit', 'numpy') if m in sys.modules]; print(heavy)")

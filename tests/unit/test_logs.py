@@ -111,6 +111,12 @@ def test_rank_logger(as_rank, caplog):
     assert [r.getMessage() for r in caplog.records] == ["[rank 1/4] loud"]
 
 
+def test_rank_logger_through_a_rank_filtered_handler_is_prefixed_once(as_rank):
+    as_rank(2)
+    adapter = lambda log: rank_logger(log.name).info("epoch %d", 1, extra={"epoch": 1})  # noqa: E731
+    assert capture(RankFilter(), adapter) == ["[rank 2/4] epoch 1"]
+
+
 @pytest.fixture
 def in_salloc_shell(case, monkeypatch):
     """A captured salloc shell: detect() warns there (not in an srun step), through slurmdist's logger."""
