@@ -57,7 +57,7 @@ def detect(environ: Optional[Mapping[str, str]] = None) -> DistEnv:
         return env
     step = slurm.read_step(environ)
     launched_by_mpi = _read_mpi(environ, inside_step=step is not None)
-    if step is not None and not _mpirun_inside_step(step, launched_by_mpi):
+    if step is not None and not _started_inside_step(step, launched_by_mpi, environ):
         return step
     if launched_by_mpi is not None:
         return launched_by_mpi
@@ -118,6 +118,16 @@ def _read_mpi(environ: Mapping[str, str], *, inside_step: bool) -> Optional[Dist
     (no local-rank variable) is that launcher's own PMI server, not an MPI launcher of its own."""
     inside_flux = flux.TASK_RANK in environ
     return mpi.read_any(environ, complete_only=inside_step or inside_flux) or flux.read(environ)
+
+
+def _started_inside_step(step: DistEnv, launched_by_mpi: Optional[DistEnv], environ: Mapping[str, str]) -> bool:
+    """True when a launcher that srun started (mpirun's daemons, a Flux instance's brokers) started this
+    process: its variables then describe it, not the step's. A Flux job's tasks are always Flux's, even
+    placed as the broker step's tasks are (`srun -N2 --ntasks-per-node=1 flux start`, then `flux run -N2`):
+    two such jobs at once would otherwise both meet at the step's port."""
+    if launched_by_mpi is not None and launched_by_mpi.launcher == "flux" and flux.TASK_RANK in environ:
+        return True
+    return _mpirun_inside_step(step, launched_by_mpi)
 
 
 def _mpirun_inside_step(step: DistEnv, launched_by_mpi: Optional[DistEnv]) -> bool:

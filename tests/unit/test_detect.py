@@ -270,6 +270,20 @@ def test_flux_tasks_are_flux_although_its_job_shell_serves_pmi_too():
     assert (mpirun.launcher, mpirun.rank) == ("openmpi", 3)
 
 
+def test_flux_jobs_inside_an_srun_started_flux_instance_are_flux_even_placed_as_the_step():
+    # `srun -N2 --ntasks-per-node=1 flux start`, then `flux run -N2 -n2` twice at once: each job's tasks
+    # inherit the broker step's variables and sit exactly where its tasks do. The step's port would be shared.
+    broker = load_case("slurm/srun_N2_tpn2")[2]
+    broker = {**broker, "SLURM_STEP_NUM_TASKS": "2", "SLURM_NTASKS": "2", "SLURM_NPROCS": "2",
+              "SLURM_STEP_TASKS_PER_NODE": "1(x2)", "SLURM_TASKS_PER_NODE": "1(x2)", "SLURM_PROCID": "1",
+              "SLURM_LOCALID": "0"}
+    assert detect(broker).launcher == "slurm"  # the broker itself
+    jobs = [detect({**broker, "FLUX_TASK_RANK": "1", "FLUX_TASK_LOCAL_ID": "0", "FLUX_JOB_SIZE": "2",
+                    "FLUX_JOB_NNODES": "2", "FLUX_JOB_ID": job}) for job in ("fA1", "fB2")]
+    assert [(env.launcher, env.rank, env.world_size, env.node_rank) for env in jobs] == [("flux", 1, 2, 1)] * 2
+    assert jobs[0].master_port is None  # found at init (rank 0 picks a free port), not derived from the step
+
+
 def test_flux_node_rank_is_known_only_where_the_task_map_cannot_matter():
     # flux run -N2 -n4 --taskmap=cyclic puts rank 1 first on node 1, block on node 0: no task can tell which.
     base = {"FLUX_TASK_LOCAL_ID": "0", "FLUX_JOB_SIZE": "4", "FLUX_JOB_NNODES": "2", "FLUX_JOB_ID": "f2"}
