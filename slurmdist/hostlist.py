@@ -12,7 +12,8 @@ Grammar (checked against Slurm 22.05's scontrol):
   ASCII digits and ``LO <= HI``; numbers are zero-padded to the width of their lower bound as written
   (``n[098-102]``, ``n[1,02,003]``, ``n[01-3]`` gives ``n01 n02 n03``, ``n[9-010]`` gives ``n9 n10``);
 - several groups expand as a cartesian product, the last group varying fastest (``a[1-2]b[3-4]`` gives
-  ``a1b3 a1b4 a2b3 a2b4``); text after the last group is kept (``gpu[1-2]-ib``: Slurm >= 23.02.5);
+  ``a1b3 a1b4 a2b3 a2b4``), then the first, the second and so on (``x[1-2]y[3-4]z[5-6]`` gives ``x1y3z5
+  x1y3z6 x2y3z5 x2y3z6 x1y4z5 ...``); text after the last group is kept (``gpu[1-2]-ib``: Slurm >= 23.02.5);
 - order and duplicates are kept.
 
 Where scontrol 22.05 accepts something that is almost certainly a typo, this module is stricter and raises
@@ -26,6 +27,7 @@ one place: Slurm refuses a single range of more than 65536 hosts; here only the 
 from __future__ import annotations
 
 import functools
+import itertools
 import re
 from typing import Dict, Iterable, Iterator, List, NoReturn, Optional, Tuple
 
@@ -301,14 +303,27 @@ def _join_split(heads: List[str], numbers: List[str], after: str) -> List[str]:
 
 
 def _expand_item(item: _Item) -> List[str]:
-    """All hosts of one bracketed item, last group varying fastest (Slurm's order)."""
+    """All hosts of one bracketed item in Slurm's order: the last group varies fastest, then the first, the
+    second, and so on (`x[1-2]y[3-4]z[5-6]`: x1y3z5 x1y3z6 x2y3z5 x2y3z6 x1y4z5 ...). Slurm expands the
+    last group of the text before it, and that text again from its own first group."""
+    numbers = [[name for low, high, width in ranges for name in _padded(low, high, width)] for ranges in item.groups]
+    if len(numbers) > 2:
+        return _expand_in_slurms_order(item.literals, numbers)
     heads = [item.literals[0]]
-    for ranges, after in zip(item.groups, item.literals[1:]):
-        numbers: List[str] = []
-        for low, high, width in ranges:
-            numbers += _padded(low, high, width)
-        heads = _join_split(heads, numbers, after)
+    for group, after in zip(numbers, item.literals[1:]):
+        heads = _join_split(heads, group, after)
     return heads
+
+
+def _expand_in_slurms_order(literals: List[str], numbers: List[List[str]]) -> List[str]:
+    """Three groups or more (no cluster names its nodes so): the middle groups vary slowest, the last first."""
+    last = len(numbers) - 1
+    slowest_first = [*range(last - 1, -1, -1), last]
+    hosts = []
+    for picked in itertools.product(*(numbers[group] for group in slowest_first)):
+        by_group = dict(zip(slowest_first, picked))
+        hosts.append(literals[0] + "".join(by_group[group] + literals[group + 1] for group in range(last + 1)))
+    return hosts
 
 
 # Bounds of at most this many digits fit an unsigned long, so the fast paths need no magnitude check.

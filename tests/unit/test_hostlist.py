@@ -31,6 +31,8 @@ GOOD = [
     ("[1-2]", ["1", "2"]),
     ("a[1-2]b[3-4]", ["a1b3", "a1b4", "a2b3", "a2b4"]),
     ("n[1-2][3-4]", ["n13", "n14", "n23", "n24"]),
+    # Three groups: the last varies fastest, then the first, then the middle one (scontrol's order).
+    ("x[1-2]y[3-4]z[5-6]", ["x1y3z5", "x1y3z6", "x2y3z5", "x2y3z6", "x1y4z5", "x1y4z6", "x2y4z5", "x2y4z6"]),
     ("n[1-2]x[3]", ["n1x3", "n2x3"]),
     ("gpu[1-2]-ib", ["gpu1-ib", "gpu2-ib"]),
     ("x[1-2]y[3]z", ["x1y3z", "x2y3z"]),
