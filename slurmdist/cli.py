@@ -84,6 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
     hosts = commands.add_parser("hostlist", help="expand, compress or take the first host of a Slurm hostlist")
     hosts.add_argument("action", choices=("expand", "compress", "first", "count"))
     hosts.add_argument("hosts", nargs="+", help="a hostlist such as node[1-4]; for compress, host names")
+    hosts.add_argument("--limit", type=_host_limit, default=None, metavar="N",
+                       help="expand and compress: refuse lists of more than N hosts (default 2**20, which bounds "
+                       "memory)")
     hosts.set_defaults(handler=_hostlist)
 
     # Subcommands defined next to the feature they drive; both modules import nothing heavy at load time.
@@ -204,14 +207,21 @@ def _run(args: argparse.Namespace) -> int:
     return 0  # pragma: no cover - execvpe does not return
 
 
+def _host_limit(text: str) -> int:
+    if not (text.isdigit() and text.isascii()) or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of hosts, 1 or more")
+    return int(text)
+
+
 def _hostlist(args: argparse.Namespace) -> int:
     from . import hostlist
 
     text = ",".join(args.hosts)
+    limit = hostlist.DEFAULT_LIMIT if args.limit is None else args.limit
     if args.action == "expand":
-        print("\n".join(hostlist.expand(text)))
+        print("\n".join(hostlist.expand(text, limit=limit)))
     elif args.action == "compress":
-        print(hostlist.compress(hostlist.expand(text)))
+        print(hostlist.compress(hostlist.expand(text, limit=limit)))
     elif args.action == "first":
         print(hostlist.first(text))
     else:

@@ -36,8 +36,9 @@ from slurmdist.errors import HostlistError
 
 __all__ = ["DEFAULT_LIMIT", "MAX_NAME_LENGTH", "compress", "count", "expand", "first"]
 
-#: Default cap on the number of hosts one expression may expand to (bounds memory).
-DEFAULT_LIMIT = 1 << 24
+#: Default cap on the number of hosts one expression may expand to (bounds memory: about 60 MB of 10-character
+#: names, 300 MB of the longest). Far above any job's nodes: the largest machines have some 160,000.
+DEFAULT_LIMIT = 1 << 20
 # Hosts a list of several items may build before it is counted whole (see expand).
 _COUNT_WHOLE_AFTER = 1 << 16
 #: Longest host name accepted (DNS names stop at 253); with ``limit`` it bounds expansion memory.
@@ -216,7 +217,7 @@ def _items(text: str) -> Iterator[Tuple[int, str]]:
 def _too_many(text: str, limit: int) -> NoReturn:
     raise HostlistError(
         f"Slurm hostlist {_quote(text)} expands to more than {limit} hosts; "
-        "pass a larger limit= if that many are really meant"
+        "pass a larger limit= (`slurmdist hostlist --limit N`) if that many are really meant"
     )
 
 
