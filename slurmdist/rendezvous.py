@@ -701,6 +701,11 @@ class Rendezvous:
             if conflict is not None:
                 self.fail(problem=conflict)
             if self.store.add(self.keys.count, 1) == self.env.world_size:
+                if self.env.local_world_size != self.env.world_size:
+                    # Every rank is in, and each node's first rank says how it reached the master before it
+                    # counts itself. None did: every "node" took the loopback shortcut, so all are this host
+                    # (torchrun --nnodes=2 --master-addr=localhost on one machine), and loopback is the way.
+                    self.store.compare_set(self.keys.reach, "", LOOPBACK)
                 verdict = publish_once(self.store, self.keys.verdict, "go")
                 if verdict != "go":  # the attempt failed just before this rank came: the others have left it
                     self.fail(late=True)

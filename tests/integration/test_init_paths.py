@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import time
 
 import pytest
@@ -39,6 +40,25 @@ def test_torchrun_standalone():
     assert result.returncode == 0, result.stderr
     found = check_allreduce(result.stdout, 4, launcher="torchrun")
     assert {r["gloo_interface"] for r in found} == {"lo"}  # one node: loopback, with no name lookup
+
+
+def test_torchrun_with_two_nodes_on_one_machine():
+    # How a two-node launch is tried out on one box: every rank reaches the master over loopback, so no node
+    # says how it reached the master's (they all waited for that, their whole timeout, before).
+    port = free_port()
+    agents = [
+        subprocess.Popen(
+            [tool("torchrun"), "--nnodes=2", f"--node-rank={node}", "--nproc-per-node=2", "--master-addr=localhost",
+             f"--master-port={port}", ALLREDUCE],
+            env=clean_environ(SLURMDIST_INIT_TIMEOUT="30"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        for node in (1, 0)
+    ]
+    results = finish(agents)
+    for result in results:
+        assert result.returncode == 0, result.stderr
+    found = check_allreduce("".join(r.stdout for r in results), 4, launcher="torchrun")
+    assert {r["gloo_interface"] for r in found} == {"lo"}
 
 
 def test_shutdown_then_init_again_forms_a_second_group_under_fresh_keys():
