@@ -14,6 +14,7 @@ import contextlib
 import importlib.util
 import ipaddress
 import logging
+import math
 import os
 import re
 import select
@@ -351,10 +352,10 @@ def _import_mpi(timeout: float, message: str) -> Any:
     if watcher == 0:  # only os-level calls here: the parent may have had other threads
         try:
             os.close(done_writing)
-            if not select.select([done_reading], [], [], timeout)[0]:
+            if not _readable_within(done_reading, timeout):
                 os.write(2, message.encode())
                 os.kill(me, signal.SIGTERM)
-                if not select.select([done_reading], [], [], MPI_KILL_GRACE)[0]:
+                if not _readable_within(done_reading, MPI_KILL_GRACE):
                     os.kill(me, signal.SIGKILL)
         finally:
             os._exit(0)
@@ -365,6 +366,15 @@ def _import_mpi(timeout: float, message: str) -> Any:
         os.close(done_writing)  # the watcher reads end-of-file and exits
         os.waitpid(watcher, 0)
     return MPI
+
+
+def _readable_within(fd: int, seconds: float) -> bool:
+    """True when `fd` turns readable (or its writer closes it) within `seconds`. poll, not select: select
+    refuses descriptors numbered 1024 or above, which a script with many files open gets, and the bound
+    was then silently gone."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(max(0, math.ceil(seconds * 1000))))
 
 
 def mpi_broadcast(comm: Any, text: Optional[str], deadline: Deadline, size: int = 512) -> str:

@@ -19,7 +19,7 @@ from slurmdist.rendezvous import (
     current_keys, mpi_comm, names_this_host, rank0_keys, resolve_host, resolve_master, run_prefix, state_key, strip_brackets,
     wait_listening,
 )
-from tests.conftest import load_case, unresolved
+from tests.conftest import load_case, missing_prerequisite, unresolved
 
 
 def env_of(rank, world, port, addr="127.0.0.1", launcher="torchrun"):
@@ -568,3 +568,34 @@ def test_a_name_server_that_gives_up_is_told_apart_from_an_unknown_name(monkeypa
     with pytest.raises(RendezvousError, match=r"the lookup of master host 'node1' failed \(Temporary failure in name "
                                               r"resolution\): its name server does not answer \(check /etc/resolv.conf"):
         resolve_host("node1", {"PATH": "", "SLURM_CONF": "/nonexistent"}, timeout=1.0)
+
+
+STUCK_MPI_INIT = "import time\ntime.sleep(60)  # an MPI_Init waiting for a rank that never comes\n"
+MANY_FILES_THEN_MPI = """
+import os, resource
+from slurmdist import rendezvous
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 2048), hard))
+opened = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]  # the watcher's pipe then lands above 1023
+rendezvous._import_mpi(1.0, "MPI_Init bound hit\\n")
+"""
+
+
+def test_the_mpi_init_bound_holds_in_a_process_with_many_files_open(tmp_path):
+    # select() refuses descriptors numbered 1024 or above: the watcher died silently and MPI_Init ran unbounded.
+    import os
+    import resource
+    import signal
+    import subprocess
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 2048:
+        missing_prerequisite(f"open descriptors are limited to {hard} here; the test needs 2048")
+    (tmp_path / "mpi4py").mkdir()
+    (tmp_path / "mpi4py" / "__init__.py").write_text("")
+    (tmp_path / "mpi4py" / "MPI.py").write_text(STUCK_MPI_INIT)
+    path = os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))
+    proc = subprocess.run([sys.executable, "-c", MANY_FILES_THEN_MPI], env={**os.environ, "PYTHONPATH": path},
+                          capture_output=True, text=True, timeout=60)
+    # Ended by the watcher, saying why (the stub's MPI_Init alone sleeps 60 s, past this run's timeout).
+    assert (proc.returncode, proc.stderr) == (-signal.SIGTERM, "MPI_Init bound hit\n")
