@@ -33,9 +33,13 @@ log = logging.getLogger("slurmdist")
 
 COLLECTIVE_TIMEOUT_VARIABLE = "SLURMDIST_COLLECTIVE_TIMEOUT"
 DEFAULT_COLLECTIVE_TIMEOUT = 1800.0  # torch's own default for gloo; a stuck collective still ends
-# Past the rendezvous deadline, the ranks' agreeing on who is missing takes at most two verdict graces; a rank
-# still inside init() after this waits on a store that stopped answering (see store_watchdog).
-WATCHDOG_GRACE = 3 * rendezvous.VERDICT_GRACE
+
+
+def watchdog_grace(world_size: int) -> float:
+    """Past the rendezvous deadline, the ranks' agreeing on who is missing takes at most two verdict graces;
+    a rank still inside init() after three waits on a store that stopped answering (see store_watchdog)."""
+    return 3 * rendezvous.verdict_grace(world_size)
+
 
 # Re-entrant: a signal handler that calls shutdown() runs in the main thread on top of an init() holding it.
 _lock = threading.RLock()
@@ -136,7 +140,7 @@ def _start_group(env: DistEnv, deadline: rendezvous.Deadline, environ: Mapping[s
         return env
     if rendezvous.serves_store(env, environ):  # the store lives in this process: frozen, so is this rank
         return _meet(env, deadline, environ, collective)
-    watchdog = StoreWatchdog(deadline.remaining() + WATCHDOG_GRACE, deadline.endpoints)
+    watchdog = StoreWatchdog(deadline.remaining() + watchdog_grace(env.world_size), deadline.endpoints)
     try:
         with watchdog.running():
             formed = _meet(env, deadline, environ, collective)

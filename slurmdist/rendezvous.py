@@ -47,9 +47,16 @@ RESTART_COUNT_VARIABLE = "TORCHELASTIC_RESTART_COUNT"
 LOOKUP_BOUND = 10.0
 MPI_KILL_GRACE = 5.0  # seconds between the SIGTERM and the SIGKILL for a rank stuck in MPI_Init past its bound
 VERDICT_GRACE = 5.0  # how long a rank waits for another rank's timeout report before writing its own
+REPORT_SECONDS_PER_RANK = 0.002  # ... plus this per rank, which the report checks one by one on a busy store
 # Seconds between connection attempts to a store not yet listening: ranks usually start within a few ms of
 # rank 0, so the first retries are short (a refused connect costs microseconds).
 POLL_FIRST, POLL_MAX = 0.001, 0.05
+
+
+def verdict_grace(world_size: int) -> float:
+    """How long a failed rendezvous waits for the rank that reports it: that rank checks every rank's arrival
+    key, one store call each, so more ranks take longer."""
+    return VERDICT_GRACE + REPORT_SECONDS_PER_RANK * world_size
 
 
 def poll_pauses() -> Iterator[float]:
@@ -681,6 +688,9 @@ def run_prefix(env: DistEnv, environ: Mapping[str, str], generation: int) -> str
 
 # Verdicts that name nobody: with a cause (the process group's own failure), the cause is what to report.
 NOBODY_MISSING = ("every rank arrived", "no rank reported")
+# What two ranks disagreeing at check-in are told: no longer timeout could help them.
+CHECKED_IN_TWICE = "checked in twice"
+WORLD_SIZES_DIFFER = "every rank must be started with the same world size"
 
 
 class Rendezvous:
@@ -726,7 +736,7 @@ class Rendezvous:
         token = f"{me}#{os.urandom(6).hex()}"  # unique to this check-in, threads of one process included
         holder = self.store.compare_set(self.keys.arrived(self.env.rank), "", token).decode()
         if holder != token:
-            return (f"rank {self.env.rank} checked in twice, from {holder.split('#')[0]} and from {me}: two "
+            return (f"rank {self.env.rank} {CHECKED_IN_TWICE}, from {holder.split('#')[0]} and from {me}: two "
                     f"processes have RANK={self.env.rank}, or another job uses this MASTER_PORT (set a different one)")
         return None
 
@@ -736,7 +746,7 @@ class Rendezvous:
         if told is None or told == self.env.world_size:
             return None
         return (f"rank {self.env.rank} was told WORLD_SIZE={self.env.world_size} but ranks before it were "
-                f"told {told}: every rank must be started with the same world size")
+                f"told {told}: {WORLD_SIZES_DIFFER}")
 
     def master_reach(self) -> str:
         """The address other nodes reach the master's node at. A rank that took the loopback shortcut learns it
@@ -775,23 +785,30 @@ class Rendezvous:
                 moved = self.keys.moved_on()
                 if moved is not None:
                     self.store.compare_set(self.keys.state, *moved)
-                self.store.add(self.keys.seen, 1)
+                if problem is None:  # one that never counted itself in (a conflict) is not lingered for
+                    self.store.add(self.keys.seen, 1)
                 if self.env.rank == 0:  # the store lives in this process: let the others read the verdict
                     self._linger()
         if problem is not None:
             verdict = problem
-        elif cause is not None and (verdict == "go" or verdict.startswith(NOBODY_MISSING)):
+        elif cause is not None and (verdict == "go" or verdict.startswith(NOBODY_MISSING[0])):
             verdict = f"every rank arrived, but: {_first_line(cause)}{_mesh_straggler(cause)}"
+        elif cause is not None and verdict.startswith(NOBODY_MISSING[1]):  # who arrived is unknown
+            verdict = f"{verdict}; this rank: {_first_line(cause)}{_mesh_straggler(cause)}"
         if late:
             verdict = (
                 f"rank {self.env.rank} came after the others had given up on this attempt (their verdict: "
                 f"{verdict}); calling init() again meets their retry"
             )
+        conflict = CHECKED_IN_TWICE in verdict or WORLD_SIZES_DIFFER in verdict
+        advice = "" if conflict else (
+            f" Check that every rank started (job log, srun/mpirun task counts) and can reach {self.where}; "
+            f"raise {TIMEOUT_VARIABLE} if they are only slow"
+        )
         raise RendezvousError(
             f"rendezvous at {self.where} failed after {self.deadline.elapsed():.0f} s "
             f"(timeout {self.deadline.seconds:.0f} s): {verdict} (world size {self.env.world_size}; this is "
-            f"rank {self.env.rank}). Check that every rank started (job log, srun/mpirun task counts) and can "
-            f"reach {self.where}; raise {TIMEOUT_VARIABLE} if they are only slow"
+            f"rank {self.env.rank}).{advice}"
         ) from None
 
     def _missing_text(self) -> str:
@@ -803,15 +820,16 @@ class Rendezvous:
 
     def _wait_for_report(self) -> str:
         """The reporter's verdict; one of this rank's own when none comes in time."""
+        grace = verdict_grace(self.env.world_size)
         try:
-            self.store.wait([self.keys.verdict], timedelta(seconds=VERDICT_GRACE))
+            self.store.wait([self.keys.verdict], timedelta(seconds=grace))
         except RuntimeError:
-            return publish_once(self.store, self.keys.verdict, f"{NOBODY_MISSING[1]} within {VERDICT_GRACE:.0f} s")
+            return publish_once(self.store, self.keys.verdict, f"{NOBODY_MISSING[1]} within {grace:.0f} s")
         return _get(self.store, self.keys.verdict)
 
     def _linger(self) -> None:
         arrived = int(self.store.add(self.keys.count, 0))
-        end = time.monotonic() + VERDICT_GRACE
+        end = time.monotonic() + verdict_grace(self.env.world_size)
         while self.store.add(self.keys.seen, 0) < arrived and time.monotonic() < end:
             time.sleep(0.01)
 

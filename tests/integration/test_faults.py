@@ -20,7 +20,7 @@ from typing import Dict, List, Optional
 
 import pytest
 
-from slurmdist.process_group import WATCHDOG_GRACE
+from slurmdist.process_group import watchdog_grace
 from tests.conftest import unresolved
 
 pytestmark = pytest.mark.integration
@@ -85,11 +85,11 @@ CASES = {
     "rank 0 (store host) dies during the rendezvous": (
         ["--fault", "die-in-rendezvous", "--victim", "0", "--at", "2", "--late", "3", "--delay", "4"], 0,
         INIT_TIMEOUT, ["lost the rendezvous store", "nothing listens", "rendezvous"]),
-    # torch's store client waits for a frozen store without bound; init()'s watchdog cuts it WATCHDOG_GRACE
+    # torch's store client waits for a frozen store without bound; init()'s watchdog cuts it watchdog_grace(4)
     # after the timeout. A rank that joins after the freeze meets a store that does not answer its handshake.
     "rank 0 (store host) frozen during the rendezvous (SIGSTOP)": (
         ["--fault", "freeze-in-rendezvous", "--victim", "0", "--late", "3"], 0,
-        INIT_TIMEOUT + WATCHDOG_GRACE, ["stopped answering", "does not answer as a rendezvous store"]),
+        INIT_TIMEOUT + watchdog_grace(4), ["stopped answering", "does not answer as a rendezvous store"]),
 }
 
 
