@@ -533,7 +533,7 @@ def _join_store(
     except TimeoutError:
         raise RendezvousError(
             f"rank {rank}: something listens at {where} but does not answer as a rendezvous store (world size "
-            f"{world_size}, waited {deadline.seconds:.0f} s): another program holds MASTER_PORT (rank 0 then "
+            f"{world_size}, waited {deadline.elapsed():.0f} s): another program holds MASTER_PORT (rank 0 then "
             "reports that it cannot listen; set MASTER_PORT to a free port), or the process serving the store is "
             "frozen (SIGSTOP, a debugger) or swapping"
         ) from None
@@ -589,7 +589,10 @@ def serves_store(env: DistEnv, environ: Mapping[str, str]) -> bool:
 
 def store_stopped_answering(env: DistEnv, deadline: Deadline) -> RendezvousError:
     """The error of a rank whose store connection the watchdog had to cut (see store_watchdog)."""
-    where = hostport(env.master_addr, env.master_port) if env.master_port else hostport(*min(deadline.endpoints))
+    if env.master_addr and env.master_port:
+        where = hostport(env.master_addr, env.master_port)
+    else:  # the env from before the rendezvous (an arbitrary srun layout, MPI): where it really dialled
+        where = hostport(*min(deadline.endpoints)) if deadline.endpoints else "its address"
     return RendezvousError(
         f"rank {env.rank}: the rendezvous store at {where} stopped answering (world size {env.world_size}): a "
         f"request to it was still unanswered {deadline.elapsed():.0f} s into the {deadline.seconds:.0f} s "
@@ -816,7 +819,11 @@ class Rendezvous:
         if not missing:
             return NOBODY_MISSING[0]
         arrived = self.env.world_size - len(missing)
-        return f"{arrived} of {self.env.world_size} ranks arrived; rank(s) {compress_ranks(missing)} never arrived"
+        text = f"{arrived} of {self.env.world_size} ranks arrived; rank(s) {compress_ranks(missing)} never arrived"
+        if missing[0] == 0:  # the others met at this port anyway: whose store is it?
+            text += (" (if rank 0 said it cannot listen on this port, the store the others joined there is another "
+                     "program's, a leftover run's: set MASTER_PORT to a free port)")
+        return text
 
     def _wait_for_report(self) -> str:
         """The reporter's verdict; one of this rank's own when none comes in time."""
@@ -840,12 +847,17 @@ class Rendezvous:
         except RendezvousError:
             raise
         except RuntimeError as exc:
-            raise RendezvousError(
-                f"rank {self.env.rank} lost the rendezvous store at {self.where} (world size "
-                f"{self.env.world_size}): {_first_line(exc)}"
-                f"{'; earlier: ' + _first_line(cause) if cause is not None else ''}. The process hosting it "
-                "(rank 0, torchrun's agent, or slurmdist run's store host) probably exited: see its log"
-            ) from None
+            raise lost_store(self.env, exc, cause) from None
+
+
+def lost_store(env: DistEnv, exc: BaseException, cause: Optional[BaseException] = None) -> RendezvousError:
+    """The error of a rank whose store went away under it (`cause`: what had already failed before)."""
+    return RendezvousError(
+        f"rank {env.rank} lost the rendezvous store at {hostport(env.master_addr, env.master_port)} (world size "
+        f"{env.world_size}): {_first_line(exc)}{'; earlier: ' + _first_line(cause) if cause is not None else ''}. "
+        "The process hosting it (rank 0, torchrun's agent, or slurmdist run's store host) probably exited: see "
+        "its log"
+    )
 
 
 # How torch reports a gloo peer that never published its address: "wait timeout after 9995ms, keys:
@@ -884,7 +896,10 @@ def connect(env: DistEnv, deadline: Deadline, environ: Mapping[str, str], genera
     base = run_prefix(env, environ, generation)
     if env.master_addr is None or env.master_port is None:
         store, env, reach = _mpi_store(env, deadline, environ)
-        keys = current_keys(store, base, env.world_size)
+        try:
+            keys = current_keys(store, base, env.world_size)
+        except RuntimeError as exc:  # rank 0 went away between the broadcast and this read
+            raise lost_store(env, exc) from None
     else:
         if names_this_host(env.master_addr, socket.gethostname()):
             # The store listens on every interface: ranks on the master's own node (rank 0 among them) reach

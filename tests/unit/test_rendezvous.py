@@ -15,9 +15,9 @@ from slurmdist.distenv import DistEnv
 from slurmdist.errors import LaunchError, RendezvousError
 from slurmdist.launchers.slurm import hostfile_first_host
 from slurmdist.rendezvous import (
-    Deadline, Keys, addresses, compress_ranks, connect, hostfile_master, hostport, init_timeout,
-    current_keys, mpi_comm, names_this_host, rank0_keys, resolve_host, resolve_master, run_prefix, state_key, strip_brackets,
-    wait_listening,
+    Deadline, Keys, addresses, compress_ranks, connect, current_keys, hostfile_master, hostport, init_timeout,
+    mpi_comm, names_this_host, rank0_keys, resolve_host, resolve_master, run_prefix, state_key,
+    store_stopped_answering, strip_brackets, wait_listening,
 )
 from tests.conftest import load_case, missing_prerequisite, unresolved
 
@@ -332,6 +332,24 @@ def test_missing_ranks_are_named_on_every_present_rank():
         assert isinstance(exc, RendezvousError)
         assert "3 of 5 ranks arrived; rank(s) 1,4 never arrived" in str(exc)
         assert f"127.0.0.1:{port}" in str(exc)
+
+
+def test_a_store_the_others_met_at_without_rank_0_is_questioned(agent_store):
+    # A leftover run's store on the port answers like ours: rank 0 could not listen and said so; the others
+    # joined the stranger and waited for rank 0 there.
+    port, _ = agent_store
+    outcome, _ = meet(3, [1, 2], timeout=1, port=port, environ=AGENT_ENVIRON)
+    for exc in outcome.values():
+        assert "rank(s) 0 never arrived (if rank 0 said it cannot listen on this port" in str(exc)
+        assert "set MASTER_PORT to a free port" in str(exc)
+
+
+def test_a_cut_store_is_named_by_the_address_dialled_when_the_launch_gave_none():
+    # srun -m arbitrary, MPI: the master address is found during the rendezvous, not given before it.
+    deadline = Deadline(5)
+    deadline.endpoints.add(("10.1.2.3", 10097))
+    unknown = DistEnv("slurm", 1, 1, 4, 2, 0, 2, None, 10097, "7")
+    assert "the rendezvous store at 10.1.2.3:10097 stopped answering" in str(store_stopped_answering(unknown, deadline))
 
 
 def test_a_rank_that_missed_a_failed_attempt_meets_the_retry_at_an_agents_store(agent_store):
