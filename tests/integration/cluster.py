@@ -22,8 +22,11 @@ LOCAL_CLUSTER = REPO / "scripts" / "local-cluster"
 SBIN_DIRS = ("/usr/sbin", "/sbin", "/usr/local/sbin")
 # What starting a cluster needs; the script installs missing packages only when run as root.
 CLUSTER_TOOLS = ("munged", "slurmctld", "slurmd", "slurmstepd", "srun", "sinfo", "unshare")
-START_TIMEOUT = 120  # seconds; a normal start takes about one
-STOP_TIMEOUT = 60
+# Bounds on a hang, above the sum of the script's own bounded waits (the port lock, accounting's first start):
+# a normal start takes a second or two, a stop a few.
+START_TIMEOUT = 1200
+STOP_TIMEOUT = 300
+CLEANUP_TIMEOUT = 120  # for the script to stop what it started, once told to give up (SIGTERM)
 
 
 def require(tool: str) -> str:
@@ -51,11 +54,13 @@ def run_checked(args: Sequence[str], env: Dict[str, str], timeout: float, check:
         [str(a) for a in args], env=env, timeout=timeout, capture_output=True, text=True, **kw
     )
     if check and proc.returncode != 0:
-        raise AssertionError(
-            f"`{shlex.join(str(a) for a in args)}` exited {proc.returncode}\n"
-            f"--- stdout:\n{proc.stdout}--- stderr:\n{proc.stderr}"
-        )
+        raise failed(args, f"exited {proc.returncode}", proc.stdout, proc.stderr)
     return proc
+
+
+def failed(args: Sequence[str], what: str, out: str, err: str) -> AssertionError:
+    """A command that failed, with everything it printed."""
+    return AssertionError(f"`{shlex.join(str(a) for a in args)}` {what}\n--- stdout:\n{out}--- stderr:\n{err}")
 
 
 def parse_exports(text: str) -> Dict[str, str]:
@@ -77,11 +82,23 @@ class LocalCluster:
     env: Dict[str, str] = field(default_factory=dict)
 
     def script(self, command: str, *args: str, timeout: float = STOP_TIMEOUT, check: bool = True):
-        """Run ``scripts/local-cluster COMMAND --dir DIR ARGS...``."""
-        return run_checked(
-            [LOCAL_CLUSTER, command, "--dir", self.dir, *args],
-            env=client_environ({}), timeout=timeout, check=check,
-        )
+        """Run ``scripts/local-cluster COMMAND --dir DIR ARGS...``. Past `timeout` it gets SIGTERM first, not
+        SIGKILL: its EXIT trap then stops the daemons a start had launched, which nothing else could find."""
+        args = [str(a) for a in (LOCAL_CLUSTER, command, "--dir", self.dir, *args)]
+        proc = subprocess.Popen(args, env=client_environ({}), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.terminate()
+            try:
+                out, err = proc.communicate(timeout=CLEANUP_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                out, err = proc.communicate()
+            raise failed(args, f"took over {timeout} s", out, err) from None
+        if check and proc.returncode != 0:
+            raise failed(args, f"exited {proc.returncode}", out, err)
+        return subprocess.CompletedProcess(args, proc.returncode, out, err)
 
     def run(self, args: Sequence[str], timeout: float = 60, check: bool = True, **kw):
         """Run a client command (srun, sbatch, salloc, scontrol, ...) against this cluster."""
