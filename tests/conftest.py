@@ -36,7 +36,8 @@ def fresh_warnings():
 
 
 def in_ci() -> bool:
-    return os.environ.get("CI", "").strip().lower() == "true"
+    """CI=true (GitHub, GitLab), CI=1 or yes (others): anything but unset, empty, false, 0 or no."""
+    return os.environ.get("CI", "").strip().lower() not in ("", "false", "0", "no")
 
 
 def missing_prerequisite(message: str) -> None:

@@ -14,7 +14,8 @@ from slurmdist.store_watchdog import StoreWatchdog, cut_connections, normalized,
 from tests.conftest import missing_prerequisite
 
 BOUND = 30.0  # seconds: a bound on a hang, not a timing assertion
-pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="the watchdog reads /proc/self/fd (Linux)")
+if not os.path.isdir("/proc/self/fd"):
+    missing_prerequisite("the watchdog reads /proc/self/fd (Linux only)")
 
 
 def silent_connection(host: str = "127.0.0.1", port: int = 0) -> Iterator[Tuple[socket.socket, int]]:
