@@ -102,8 +102,7 @@ answers = []
 
 def ask():
     time.sleep(1.0)  # init() is waiting for rank 1 by now
-    began = time.monotonic()
-    answers.append((slurmdist.is_initialized(), slurmdist.is_main(), time.monotonic() - began))
+    answers.append((slurmdist.is_initialized(), slurmdist.is_main(), time.monotonic()))
 
 asker = threading.Thread(target=ask, daemon=True)
 asker.start()
@@ -111,9 +110,10 @@ try:
     slurmdist.init(timeout=6)
 except slurmdist.RendezvousError:
     pass
+gave_up = time.monotonic()
 asker.join(60)
-initialized, main, took = answers[0]
-print(initialized, main, round(took, 3))
+initialized, main, answered = answers[0]
+print(initialized, main, answered < gave_up)
 """
 
 
@@ -121,6 +121,6 @@ def test_asking_from_another_thread_during_init_does_not_wait_for_the_rendezvous
     # A logging thread (the rank prefix) or is_main() used to block on init()'s lock for the whole rendezvous.
     environ = rank_environ(0, 2, free_port())  # rank 1 never comes: init() waits its 6 s, then fails
     done = subprocess.run([PYTHON, "-c", ASKS_DURING_INIT], env=environ, capture_output=True, text=True, timeout=120)
-    initialized, main, took = done.stdout.split()
+    initialized, main, before_init_gave_up = done.stdout.split()
     assert (initialized, main) == ("False", "True"), done.stderr
-    assert float(took) < 3.0, done.stdout  # a bound on a wait, with room for a busy machine; before: ~5 s or more
+    assert before_init_gave_up == "True", done.stdout  # answered while init() waited, not once it had given up

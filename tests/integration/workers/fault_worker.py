@@ -94,10 +94,6 @@ def main() -> int:
         fault()
         others_reported(args.out, me.world_size, me.rank, args.linger)
         return 0
-    if victim and args.fault == "die-in-rendezvous":
-        timer = threading.Timer(args.at, lambda: (fault(), os._exit(17)))
-        timer.daemon = True
-        timer.start()
     if victim and args.fault == "freeze-in-rendezvous":
         kill_once_others_reported(args.out, me.world_size, me.rank, args.linger)
     if me.rank == args.late and args.fault == "freeze-in-rendezvous":
@@ -110,6 +106,10 @@ def main() -> int:
 
     if victim and args.fault == "freeze-in-rendezvous":
         threading.Thread(target=freeze_once_checked_in, args=(me, args.late, fault), daemon=True).start()
+    if victim and args.fault == "die-in-rendezvous":  # armed after torch's import: --at seconds into init()
+        timer = threading.Timer(args.at, lambda: (fault(), os._exit(17)))
+        timer.daemon = True
+        timer.start()
     try:
         env = slurmdist.init("gloo")
         report["master_port"] = env.master_port
