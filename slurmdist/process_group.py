@@ -222,13 +222,18 @@ def _init_group(
 
     world = getattr(dist.distributed_c10d, "_world", None)
     group_count = getattr(world, "group_count", None)
+    # A formed group's timeout can be changed only where torch has `_set_pg_timeout` (2.13 has; older releases
+    # may not). Without it, connecting gets the collectives' timeout too, or they would keep the seconds the
+    # rendezvous had left; the store watchdog still ends a mesh that waits past the rendezvous deadline.
+    retime = getattr(dist.distributed_c10d, "_set_pg_timeout", None)
+    bounded = deadline is not None and retime is not None
     try:
         dist.init_process_group(
             env.backend,
             store=dist.PrefixStore(prefix + "/pg", store),
             rank=env.rank,
             world_size=env.world_size,
-            timeout=collective if deadline is None else timedelta(seconds=deadline.remaining()),
+            timeout=timedelta(seconds=deadline.remaining()) if bounded else collective,
         )
     except BaseException:
         # torch numbers its groups per process, failed attempts included, and gloo meets under that number:
@@ -236,12 +241,8 @@ def _init_group(
         if group_count is not None:
             world.group_count = group_count
         raise
-    if deadline is not None:
-        set_timeout = getattr(dist.distributed_c10d, "_set_pg_timeout", None)
-        if set_timeout is not None:
-            set_timeout(collective)
-        else:  # older torch: collectives keep the rendezvous bound, which is shorter, never longer
-            log.debug("this torch cannot change a group's timeout; collectives use %s", deadline.seconds)
+    if bounded and retime is not None:
+        retime(collective)
 
 
 def _collective_timeout(environ: Mapping[str, str]) -> float:

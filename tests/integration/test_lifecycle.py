@@ -14,7 +14,7 @@ import pytest
 import slurmdist
 from slurmdist import interfaces
 from tests.conftest import require_module
-from tests.integration.workers.launch import PYTHON, clean_environ, free_port, rank_environ
+from tests.integration.workers.launch import PYTHON, clean_environ, finish, free_port, rank_environ
 
 pytestmark = pytest.mark.integration
 
@@ -124,3 +124,24 @@ def test_asking_from_another_thread_during_init_does_not_wait_for_the_rendezvous
     initialized, main, before_init_gave_up = done.stdout.split()
     assert (initialized, main) == ("False", "True"), done.stderr
     assert before_init_gave_up == "True", done.stdout  # answered while init() waited, not once it had given up
+
+
+GROUP_TIMEOUT = """
+import sys, torch, torch.distributed as dist, slurmdist
+if sys.argv[1] == "without":  # a torch that cannot change a formed group's timeout
+    del dist.distributed_c10d._set_pg_timeout
+slurmdist.init("gloo", timeout=60)
+print(dist.distributed_c10d._get_default_group()._get_backend(torch.device("cpu")).options._timeout.total_seconds())
+slurmdist.shutdown()
+"""
+
+
+@pytest.mark.parametrize("retiming", ["with", "without"])
+def test_collectives_get_their_own_timeout_not_what_the_rendezvous_had_left(retiming):
+    port = free_port()
+    procs = [subprocess.Popen([PYTHON, "-c", GROUP_TIMEOUT, retiming], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env=rank_environ(rank, 2, port, SLURMDIST_COLLECTIVE_TIMEOUT="123"))
+             for rank in (1, 0)]
+    for result in finish(procs):
+        assert result.returncode == 0, result.stderr
+        assert float(result.stdout) == 123.0
