@@ -52,6 +52,8 @@ DEFAULT_SIGNAL = "USR2"
 DEFAULT_MAX_REQUEUES = 10
 # submitit's LocalExecutor restarts a job whose task exits with this status: its local "requeue".
 LOCAL_REQUEUE_EXIT_CODE = 144
+# ... at most this many times (its controller runs a job six times at most); then the job ends with no result.
+LOCAL_MAX_RESTARTS = 5
 # The local controller's pid, for a command that `Submitter.submit_command` runs (its parent is the task).
 LOCAL_CONTROLLER_VARIABLE = "SLURMDIST_LOCAL_CONTROLLER_PID"
 REQUEUE_COMMAND_TIMEOUT = 60.0  # seconds for `scontrol requeue`
@@ -135,6 +137,20 @@ def slurm_name(sig: signal.Signals) -> str:
     return sig.name[3:]
 
 
+def under_local_executor(environ: Mapping[str, str]) -> bool:
+    """Run by submitit's LocalExecutor (a task, or a command a task started)."""
+    return environ.get("SUBMITIT_EXECUTOR") == "local"
+
+
+def local_restarts_file(environ: Mapping[str, str]) -> Optional[Path]:
+    """Where this local job counts its restarts: beside its logs, in submitit's folder for it. None when the
+    variables that name it are missing (the job then restarts without a count, as submitit alone would)."""
+    folder, job = environ.get("SUBMITIT_FOLDER", ""), environ.get("SUBMITIT_LOCAL_JOB_ID", "").strip()
+    if not folder or not job:
+        return None
+    return Path(folder.replace("%j", job).replace("%t", "0")) / f"{job}_slurmdist_restarts"
+
+
 def restart_count(environ: Mapping[str, str]) -> int:
     """How many times Slurm has requeued this job already (0 on its first run)."""
     raw = environ.get("SLURM_RESTART_COUNT", "").strip()
@@ -155,9 +171,16 @@ def requeue_limit(value: Optional[int], environ: Mapping[str, str]) -> int:
     return limit
 
 
-def plan(environ: Mapping[str, str], limit: int) -> Plan:
-    """How this job gets requeued: by Slurm, by submitit's LocalExecutor, or not at all (and why)."""
-    if environ.get("SUBMITIT_EXECUTOR") == "local":
+def plan(environ: Mapping[str, str], limit: int, local_restarts: int = 0) -> Plan:
+    """How this job gets requeued: by Slurm, by submitit's LocalExecutor, or not at all (and why).
+    `local_restarts`: how many times the LocalExecutor restarted this job already (it keeps no count)."""
+    if under_local_executor(environ):
+        if local_restarts >= limit:
+            return Plan(Action.GIVE_UP, reason=f"the local job was already restarted {local_restarts} times (limit "
+                                               f"{limit}; raise it with max_requeues= or {MAX_REQUEUES_VARIABLE})")
+        if local_restarts >= LOCAL_MAX_RESTARTS:
+            return Plan(Action.GIVE_UP, reason=f"submitit's LocalExecutor restarts a job at most "
+                                               f"{LOCAL_MAX_RESTARTS} times; rerun to resume")
         return Plan(Action.LOCAL_RESTART)
     job_id = environ.get("SLURM_JOB_ID", "").strip()
     if not job_id:
@@ -242,11 +265,12 @@ class Preemption:
             log.warning("slurmdist: checkpoint saved; not requeued by slurmdist, since Slurm is ending the job")
             exit_without_result(ENDED_EXIT_STATUS)
         environ = os.environ if environ is None else environ
-        decision = plan(environ, self.max_requeues)
+        counter = local_restarts_file(environ) if under_local_executor(environ) else None
+        decision = plan(environ, self.max_requeues, _read_count(counter))
         if decision.action is Action.GIVE_UP:
             raise RequeueError(f"not requeued: {decision.reason}")
         if decision.action is Action.LOCAL_RESTART:
-            _restart_local_job()
+            _restart_local_job(counter)
         _run_requeue(decision.command)
         log.warning("slurmdist: requeued job %s; waiting for Slurm to end this run", decision.job_id)
         _wait_to_be_ended(KILL_WAIT_TIMEOUT)
@@ -288,10 +312,23 @@ def _run_requeue(command: List[str]) -> None:
         )
 
 
-def _restart_local_job() -> None:
+def _read_count(counter: Optional[Path]) -> int:
+    try:
+        text = counter.read_text().strip() if counter is not None else ""
+    except OSError:  # none yet: the first run
+        return 0
+    return (whole_number(text) or 0) if text.isdigit() and text.isascii() else 0
+
+
+def _restart_local_job(counter: Optional[Path]) -> None:
     """submitit's LocalExecutor restarts the tasks when one exits with 144; its controller (our parent, or
     our task's parent for a submitted command) forwards SIGTERM to every task, which ends the others at once
-    (their SIGTERM is at its default now)."""
+    (their SIGTERM is at its default now). `counter` counts the restarts, as SLURM_RESTART_COUNT does."""
+    if counter is not None:
+        try:
+            counter.write_text(f"{_read_count(counter) + 1}\n")
+        except OSError as exc:  # the restart matters more than its count
+            log.warning("slurmdist: cannot count this local restart in %s: %s", counter, exc)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     controller = os.environ.get(LOCAL_CONTROLLER_VARIABLE, "")
     try:

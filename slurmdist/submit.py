@@ -38,7 +38,7 @@ from . import commands
 from .errors import SlurmdistError
 from .requeue import (
     ENDED_EXIT_STATUS, LOCAL_CONTROLLER_VARIABLE, LOCAL_REQUEUE_EXIT_CODE, RequeueError, Resumable,
-    exit_without_result, parse_signal, signal_delay_problem, slurm_name,
+    exit_without_result, parse_signal, signal_delay_problem, slurm_name, under_local_executor,
 )
 from .sbatch_render import HAND_ON_CPUS_PER_TASK
 
@@ -323,7 +323,7 @@ class Command:
     def __call__(self) -> int:
         import signal as signals
 
-        local = os.environ.get("SUBMITIT_EXECUTOR") == "local"
+        local = under_local_executor(os.environ)
         env = {**os.environ, LOCAL_CONTROLLER_VARIABLE: str(os.getppid())} if local else None
         relay = _SignalRelay(local)
         with relay.installed(parse_signal(None)):

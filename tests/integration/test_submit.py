@@ -320,6 +320,35 @@ def test_a_local_submitted_command_hears_the_warning_and_restarts(tmp_path):
         assert re.search(r"run 0.*run 1\nfinished", job.task(task).paths.stdout.read_text(), re.S)
 
 
+def warned_then_requeue(max_requeues: int) -> str:
+    """A job that is warned as soon as it starts, every run, and asks for a requeue each time."""
+    import os
+    import signal as signals
+    import time as clock
+
+    import slurmdist.requeue
+
+    preemption = slurmdist.requeue.install(max_requeues=max_requeues)
+    os.kill(os.getpid(), signals.SIGUSR2)
+    deadline = clock.monotonic() + 60
+    while not preemption.requested and clock.monotonic() < deadline:
+        clock.sleep(0.05)
+    preemption.requeue()  # a restart, or a RequeueError once out of them
+    return "not reached"
+
+
+def test_a_local_job_stops_restarting_at_max_requeues(tmp_path):
+    # submitit's LocalExecutor keeps no count: slurmdist counts the restarts beside the job's logs and gives up
+    # at max_requeues, as SLURM_RESTART_COUNT makes it give up under Slurm.
+    from slurmdist.submit import JobFailedError, Submitter, results
+
+    job = Submitter(nodes=1, tasks_per_node=1, time=5, folder=tmp_path / "%j", cluster="local").submit(
+        warned_then_requeue, 1)
+    with pytest.raises(JobFailedError, match=r"already restarted 1 times \(limit 1"):
+        results(job, timeout=TIMEOUT)
+    assert (tmp_path / job.job_id / f"{job.job_id}_slurmdist_restarts").read_text() == "1\n"
+
+
 def children_of(pid: int) -> list:
     """The pids of the processes whose parent is `pid`."""
     found = []

@@ -10,7 +10,8 @@ import sys
 import pytest
 
 from slurmdist.requeue import (
-    Action, Preemption, RequeueError, Resumable, install, parse_signal, plan, requeue_limit, restart_count,
+    LOCAL_MAX_RESTARTS, Action, Preemption, RequeueError, Resumable, install, local_restarts_file, parse_signal,
+    plan, requeue_limit, restart_count,
 )
 
 
@@ -68,6 +69,25 @@ def test_plan_gives_up_after_the_limit_and_outside_slurm():
 
 def test_plan_under_submitit_local_restarts_through_the_controller():
     assert plan({"SUBMITIT_EXECUTOR": "local", "SLURM_JOB_ID": "7"}, limit=3).action is Action.LOCAL_RESTART
+
+
+@pytest.mark.parametrize("limit, restarts, gives_up_because", [
+    (3, 2, None),
+    (3, 3, "already restarted 3 times (limit 3"),  # max_requeues holds locally as under Slurm
+    (10, LOCAL_MAX_RESTARTS, f"restarts a job at most {LOCAL_MAX_RESTARTS} times"),  # then submitit stops
+])
+def test_plan_under_submitit_local_counts_its_restarts(limit, restarts, gives_up_because):
+    decision = plan({"SUBMITIT_EXECUTOR": "local"}, limit=limit, local_restarts=restarts)
+    if gives_up_because is None:
+        assert decision.action is Action.LOCAL_RESTART
+    else:
+        assert decision.action is Action.GIVE_UP and gives_up_because in decision.reason
+
+
+def test_a_local_job_counts_its_restarts_beside_its_logs(tmp_path):
+    environ = {"SUBMITIT_EXECUTOR": "local", "SUBMITIT_FOLDER": f"{tmp_path}/%j", "SUBMITIT_LOCAL_JOB_ID": "4242"}
+    assert local_restarts_file(environ) == tmp_path / "4242" / "4242_slurmdist_restarts"
+    assert local_restarts_file({"SUBMITIT_EXECUTOR": "local"}) is None  # cannot count: restarts as submitit does
 
 
 @pytest.fixture
