@@ -14,6 +14,7 @@ import sys
 from typing import Any, Dict, Mapping, NamedTuple, Optional
 
 from .devices import visibility
+from .envvars import whole_number
 from .errors import BackendError
 
 KNOWN_BACKENDS = ("nccl", "hccl", "mpi", "gloo")
@@ -259,7 +260,8 @@ def _names_gpus(name: str, value: Optional[str]) -> bool:
     value = (value or "").strip()
     if name != "SLURM_GPUS_ON_NODE":
         return bool(value)
-    return bool(value) and (not value.isdigit() or int(value) > 0)
+    count = whole_number(value)
+    return bool(value) and (count is None or count > 0)
 
 
 def check_index(device: Any, choice: BackendChoice) -> None:
@@ -289,6 +291,7 @@ def split_device(device: Any) -> "tuple[Optional[str], Optional[int]]":
     kind, colon, index = text.partition(":")
     if kind not in DEVICE_TYPES:
         raise BackendError(f"unknown device {text!r}; use 'cpu', 'cuda', 'npu' or one with an index, 'cuda:1'")
-    if colon and not index.isdigit():
+    number = whole_number(index)
+    if colon and number is None:
         raise BackendError(f"device index in {text!r} is not a number (write {kind!r} or '{kind}:0')")
-    return kind, (int(index) if colon else None)
+    return kind, number

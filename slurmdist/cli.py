@@ -11,6 +11,7 @@ import sys
 from typing import Callable, Dict, Optional, Sequence
 
 from .distenv import DistEnv
+from .envvars import whole_number
 from .errors import SlurmdistError
 
 Handler = Callable[[argparse.Namespace], int]
@@ -208,9 +209,10 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _host_limit(text: str) -> int:
-    if not (text.isdigit() and text.isascii()) or int(text) < 1:
+    limit = whole_number(text)
+    if limit is None or limit < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of hosts, 1 or more")
-    return int(text)
+    return limit
 
 
 def _hostlist(args: argparse.Namespace) -> int:

@@ -39,9 +39,9 @@ def visibility(device_type: str, environ: Mapping[str, str]) -> str:
 
 def gpus_per_task(environ: Mapping[str, str]) -> Optional[int]:
     """N from `--gpus-per-task=N`, whichever variable carries it here; None when the job did not ask."""
-    per_task = environ.get("SLURM_GPUS_PER_TASK", "").rpartition(":")[2]  # "2" or "a100:2"
-    if per_task.isdigit() and per_task.isascii():
-        return whole_number(per_task)
+    per_task = whole_number(environ.get("SLURM_GPUS_PER_TASK", "").rpartition(":")[2])  # "2" or "a100:2"
+    if per_task is not None:
+        return per_task
     bind = environ.get("SLURMD_TRES_BIND", "")
     found = _BIND_PER_TASK.search(bind) if "gpu" in bind else None
     found = found or _TRES_GPU.search(environ.get("SLURM_TRES_PER_TASK", ""))
@@ -90,7 +90,7 @@ def narrowed_per_task(
     if step_gpus is not None and len([g for g in step_gpus.split(",") if g.strip()]) > 1:
         return True
     on_node = environ.get("SLURM_GPUS_ON_NODE", "")
-    return on_node.isdigit() and int(on_node) > 1
+    return (whole_number(on_node) or 0) > 1
 
 
 def share_requested(environ: Mapping[str, str]) -> bool:

@@ -19,10 +19,13 @@ MAX_NODES = 2**20
 JOB_ID_VARIABLES = ("SLURM_JOB_ID", "SLURM_JOBID", "FLUX_JOB_ID", "LSB_JOBID", "PBS_JOBID", "PALS_APID")
 
 
-def whole_number(digits: str, max_digits: int = 18) -> Optional[int]:
-    """`digits` (ASCII digits only) as an int; None when it has more than `max_digits` significant digits.
-    Python refuses int() on more than 4300 digits with a bare ValueError, and no count, port or id has 19."""
-    significant = digits.lstrip("0")
+def whole_number(text: str, max_digits: int = 18) -> Optional[int]:
+    """`text` as an int when it is ASCII digits only, with at most `max_digits` significant ones; else None.
+    `str.isdigit()` alone also passes '²' (which int() refuses) and '١' (which it reads), and Python refuses
+    int() on more than 4300 digits with a bare ValueError; no count, port or id has 19."""
+    if not (text.isdigit() and text.isascii()):
+        return None
+    significant = text.lstrip("0")
     return int(significant or "0") if len(significant) <= max_digits else None
 
 

@@ -15,6 +15,7 @@ import threading
 from typing import Any, Mapping, MutableMapping, Optional, Tuple, Union
 
 from . import process_group
+from .envvars import whole_number
 from .errors import SlurmdistError
 
 RANK_VARIABLES = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK")
@@ -59,9 +60,9 @@ def rank_and_size(environ: Optional[Mapping[str, str]] = None) -> Tuple[int, int
 
 
 def _from_variables(environ: Mapping[str, str]) -> Tuple[int, int]:
-    rank = next((environ[v] for v in RANK_VARIABLES if environ.get(v, "").isdigit()), "0")
-    size = next((environ[v] for v in SIZE_VARIABLES if environ.get(v, "").isdigit()), "1")
-    return int(rank), int(size)
+    rank = next((n for n in (whole_number(environ.get(v, "")) for v in RANK_VARIABLES) if n is not None), 0)
+    size = next((n for n in (whole_number(environ.get(v, "")) for v in SIZE_VARIABLES) if n is not None), 1)
+    return rank, size
 
 
 def prefix(rank: int, world_size: int) -> str:
@@ -137,12 +138,11 @@ class RankAdapter(logging.LoggerAdapter):
         return self.logger.isEnabledFor(level)
 
     def process(self, msg: Any, kwargs: MutableMapping[str, Any]) -> Tuple[Any, MutableMapping[str, Any]]:
-        rank, world_size = rank_and_size()
-        line_prefix = prefix(rank, world_size)
-        # Marked as prefixed, with the fields a RankFilter adds: a handler that has one does not prefix it again.
-        kwargs["extra"] = {**(kwargs.get("extra") or {}), "_slurmdist_prefixed": True, "rank": rank,
-                           "world_size": world_size, "rank_prefix": line_prefix}
-        return f"{line_prefix} {msg}", kwargs
+        # Marked as prefixed: a handler with a RankFilter (which adds the rank fields itself) does not prefix it
+        # again. Only the marker: a record factory or the caller may set `rank` already, and logging refuses
+        # an `extra` key the record has.
+        kwargs["extra"] = {**(kwargs.get("extra") or {}), "_slurmdist_prefixed": True}
+        return f"{prefix(*rank_and_size())} {msg}", kwargs
 
 
 def rank_logger(

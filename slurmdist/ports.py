@@ -25,5 +25,5 @@ def step_port(job_id: str, step_id: str) -> int:
 def _as_number(text: str) -> int:
     """Numeric ids as themselves (so steps stay consecutive); anything else through a stable hash."""
     text = text.strip()
-    number = whole_number(text) if text.isdigit() and text.isascii() else None
+    number = whole_number(text)
     return zlib.crc32(text.encode()) if number is None else number

@@ -154,7 +154,7 @@ def local_restarts_file(environ: Mapping[str, str]) -> Optional[Path]:
 def restart_count(environ: Mapping[str, str]) -> int:
     """How many times Slurm has requeued this job already (0 on its first run)."""
     raw = environ.get("SLURM_RESTART_COUNT", "").strip()
-    return (whole_number(raw) or 0) if raw.isdigit() and raw.isascii() else 0
+    return whole_number(raw) or 0
 
 
 def requeue_limit(value: Optional[int], environ: Mapping[str, str]) -> int:
@@ -164,7 +164,7 @@ def requeue_limit(value: Optional[int], environ: Mapping[str, str]) -> int:
     raw = environ.get(MAX_REQUEUES_VARIABLE, "").strip()
     if not raw:
         return DEFAULT_MAX_REQUEUES
-    limit = whole_number(raw) if raw.isdigit() and raw.isascii() else None
+    limit = whole_number(raw)
     if limit is None:
         raise RequeueError(f"{MAX_REQUEUES_VARIABLE}={raw!r} is not a whole number of requeues; set it to 0 or "
                            f"more, or unset it for the default {DEFAULT_MAX_REQUEUES}")
@@ -317,7 +317,7 @@ def _read_count(counter: Optional[Path]) -> int:
         text = counter.read_text().strip() if counter is not None else ""
     except OSError:  # none yet: the first run
         return 0
-    return (whole_number(text) or 0) if text.isdigit() and text.isascii() else 0
+    return whole_number(text) or 0
 
 
 def _restart_local_job(counter: Optional[Path]) -> None:

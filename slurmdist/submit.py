@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 from . import commands
+from .envvars import whole_number
 from .errors import SlurmdistError
 from .requeue import (
     ENDED_EXIT_STATUS, LOCAL_CONTROLLER_VARIABLE, LOCAL_REQUEUE_EXIT_CODE, RequeueError, Resumable,
@@ -128,13 +129,13 @@ def parse_time(value: Union[int, float, str]) -> int:
 
 def _slurm_time_minutes(text: str) -> float:
     days, dash, rest = text.rpartition("-")
-    parts = rest.split(":")
-    if not all(p.isdigit() for p in parts) or (dash and not days.isdigit()) or not 1 <= len(parts) <= 3:
+    numbers = [whole_number(p) for p in rest.split(":")]
+    day_count = whole_number(days) if dash else 0
+    if None in numbers or day_count is None or not 1 <= len(numbers) <= 3:
         raise SubmitError(f"time={text!r} is not a Slurm time: use minutes or HH:MM:SS or D-HH:MM:SS")
-    numbers = [int(p) for p in parts]
-    if days:  # D-HH, D-HH:MM, D-HH:MM:SS
+    if dash:  # D-HH, D-HH:MM, D-HH:MM:SS
         hours, minutes, seconds = (numbers + [0, 0])[:3]
-        return int(days) * 1440 + hours * 60 + minutes + seconds / 60
+        return day_count * 1440 + hours * 60 + minutes + seconds / 60
     if len(numbers) == 3:
         return numbers[0] * 60 + numbers[1] + numbers[2] / 60
     if len(numbers) == 2:  # MM:SS

@@ -42,6 +42,8 @@ def test_rank_from_environment(as_rank):
     as_rank(2, 8)
     assert rank_and_size() == (2, 8)
     assert rank_and_size({}) == (0, 1)
+    # What int() refuses ('²', more than 4300 digits) is skipped, never raised from a log line.
+    assert rank_and_size({"RANK": "\u00b2", "SLURM_PROCID": "7" * 5000, "PMI_RANK": "3"}) == (3, 1)
 
 
 def test_print0_only_on_rank_0(as_rank, capsys):
@@ -115,6 +117,24 @@ def test_rank_logger_through_a_rank_filtered_handler_is_prefixed_once(as_rank):
     as_rank(2)
     adapter = lambda log: rank_logger(log.name).info("epoch %d", 1, extra={"epoch": 1})  # noqa: E731
     assert capture(RankFilter(), adapter) == ["[rank 2/4] epoch 1"]
+
+
+def test_rank_logger_leaves_the_records_own_rank_fields_alone(as_rank):
+    # A record factory that adds `rank` (a common pattern), or a caller's extra={"rank": ...}: logging refuses
+    # an extra key the record already has, so the adapter must not pass one.
+    as_rank(1)
+    previous = logging.getLogRecordFactory()
+
+    def with_rank(*args, **kwargs):
+        record = previous(*args, **kwargs)
+        record.rank = "from the factory"
+        return record
+
+    logging.setLogRecordFactory(with_rank)
+    try:
+        assert capture(RankFilter(prefix_message=False), lambda log: rank_logger(log.name).info("x")) == ["[rank 1/4] x"]
+    finally:
+        logging.setLogRecordFactory(previous)
 
 
 @pytest.fixture

@@ -25,7 +25,8 @@ def test_parse_time_gives_whole_minutes(value, minutes):
     assert parse_time(value) == minutes
 
 
-@pytest.mark.parametrize("value", [0, -5, "-5", "", "1:2:3:4", "abc", "1-x", True, float("inf")])
+@pytest.mark.parametrize("value", [0, -5, "-5", "", "1:2:3:4", "abc", "1-x", True, float("inf"), "\u00b2", "9" * 5000,
+                                   "1-" + "9" * 5000])
 def test_parse_time_rejects_what_is_not_a_duration(value):
     with pytest.raises(SubmitError, match="time="):
         parse_time(value)
