@@ -160,8 +160,9 @@ def _meet(env: DistEnv, deadline: rendezvous.Deadline, environ: Mapping[str, str
     env = meeting.env
     # gloo connects every pair inside init_process_group, and that wait is bounded by its timeout: letting it
     # overlap the arrival wait keeps the full-mesh setup off the critical path. Lazy backends (nccl, hccl)
-    # connect at the first collective, so they wait for every rank here first.
-    eager = "gloo" in str(env.backend)
+    # connect at the first collective, so they wait for every rank here first; so does gloo on a torch that
+    # cannot give a formed group a new timeout (it then connects under the collectives' own).
+    eager = "gloo" in str(env.backend) and _can_retime()
     if not eager:
         meeting.wait_all()
     meeting.store.set_timeout(timedelta(seconds=deadline.remaining()))
@@ -222,18 +223,13 @@ def _init_group(
 
     world = getattr(dist.distributed_c10d, "_world", None)
     group_count = getattr(world, "group_count", None)
-    # A formed group's timeout can be changed only where torch has `_set_pg_timeout` (2.13 has; older releases
-    # may not). Without it, connecting gets the collectives' timeout too, or they would keep the seconds the
-    # rendezvous had left; the store watchdog still ends a mesh that waits past the rendezvous deadline.
-    retime = getattr(dist.distributed_c10d, "_set_pg_timeout", None)
-    bounded = deadline is not None and retime is not None
     try:
         dist.init_process_group(
             env.backend,
             store=dist.PrefixStore(prefix + "/pg", store),
             rank=env.rank,
             world_size=env.world_size,
-            timeout=timedelta(seconds=deadline.remaining()) if bounded else collective,
+            timeout=collective if deadline is None else timedelta(seconds=deadline.remaining()),
         )
     except BaseException:
         # torch numbers its groups per process, failed attempts included, and gloo meets under that number:
@@ -241,8 +237,17 @@ def _init_group(
         if group_count is not None:
             world.group_count = group_count
         raise
-    if bounded and retime is not None:
-        retime(collective)
+    if deadline is not None:
+        dist.distributed_c10d._set_pg_timeout(collective)
+
+
+def _can_retime() -> bool:
+    """Whether this torch can change a formed group's timeout (`_set_pg_timeout`: 2.13 can, older releases
+    may not). Without it, a gloo group formed under the rendezvous's remaining seconds would keep them for
+    every collective."""
+    import torch.distributed as dist
+
+    return hasattr(dist.distributed_c10d, "_set_pg_timeout")
 
 
 def _collective_timeout(environ: Mapping[str, str]) -> float:
