@@ -6,13 +6,15 @@ must never skip silently. The pytest fixtures built on these helpers live in con
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, Optional, Sequence
+from typing import Dict, Optional, Sequence, Tuple
 
 from tests.conftest import missing_prerequisite
 
@@ -22,9 +24,10 @@ LOCAL_CLUSTER = REPO / "scripts" / "local-cluster"
 SBIN_DIRS = ("/usr/sbin", "/sbin", "/usr/local/sbin")
 # What starting a cluster needs; the script installs missing packages only when run as root.
 CLUSTER_TOOLS = ("munged", "slurmctld", "slurmd", "slurmstepd", "srun", "sinfo", "unshare")
-# Bounds on a hang, above the sum of the script's own bounded waits (the port lock, accounting's first start):
-# a normal start takes a second or two, a stop a few.
-START_TIMEOUT = 1200
+# Bounds on a hang, above the script's own bounded waits (another start's port lock, 720 s, then accounting's
+# start, 600 s, and the daemons'), and below pytest's per-test timeout (pyproject): a normal start takes a
+# second or two, a stop a few.
+START_TIMEOUT = 1500
 STOP_TIMEOUT = 300
 CLEANUP_TIMEOUT = 120  # for the script to stop what it started, once told to give up (SIGTERM)
 
@@ -85,16 +88,14 @@ class LocalCluster:
         """Run ``scripts/local-cluster COMMAND --dir DIR ARGS...``. Past `timeout` it gets SIGTERM first, not
         SIGKILL: its EXIT trap then stops the daemons a start had launched, which nothing else could find."""
         args = [str(a) for a in (LOCAL_CLUSTER, command, "--dir", self.dir, *args)]
-        proc = subprocess.Popen(args, env=client_environ({}), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        # A session of its own: the signals reach its children too (`timeout ... local-accounting start`, a
+        # flock), which would otherwise go on, and hold its output pipes, after it is gone.
+        proc = subprocess.Popen(args, env=client_environ({}), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)
         try:
             out, err = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
-            proc.terminate()
-            try:
-                out, err = proc.communicate(timeout=CLEANUP_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                out, err = proc.communicate()
+            out, err = _end_session(proc)
             raise failed(args, f"took over {timeout} s", out, err) from None
         if check and proc.returncode != 0:
             raise failed(args, f"exited {proc.returncode}", out, err)
@@ -107,6 +108,21 @@ class LocalCluster:
 
     def stop(self) -> None:
         self.script("stop")
+
+
+def _end_session(proc: subprocess.Popen) -> Tuple[str, str]:
+    """SIGTERM to the script's whole session (its traps stop the daemons it launched, which have sessions of
+    their own), SIGKILL if it lingers; what it printed, as far as it can still be read."""
+    for sig, wait in ((signal.SIGTERM, CLEANUP_TIMEOUT), (signal.SIGKILL, 10)):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        try:
+            return proc.communicate(timeout=wait)
+        except subprocess.TimeoutExpired:
+            continue
+    for pipe in (proc.stdout, proc.stderr):
+        pipe.close()
+    return "", "(its output is lost: a process still holds its pipes)"
 
 
 def start_cluster(directory: Path, *args: str, owner: Optional[int] = None) -> LocalCluster:
