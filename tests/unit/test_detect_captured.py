@@ -247,7 +247,8 @@ def test_a_step_with_part_of_the_first_component_meets_on_that_components_node_i
 
 @pytest.mark.parametrize("nodelists", [
     {"SLURM_STEP_NODELIST": "node[1-3]"},  # one node more than the step has: named as the contradiction
-    {"SLURM_STEP_NODELIST": None, "SLURM_NODELIST": "node[1-3]"},  # only the job's list: it cannot place the node
+    # Only the job's list, longer than the step: it cannot place the node (this raised IndexError too).
+    {"SLURM_STEP_NODELIST": None, "SLURM_JOB_NODELIST": "node[1-3]", "SLURM_NODELIST": "node[1-3]"},
 ])
 def test_a_heterogeneous_step_whose_nodelist_disagrees_with_its_node_count(nodelists):
     # This node (node3) sits past the end of the step's layout: an error naming the list, or SLURM_NODEID.
