@@ -706,10 +706,12 @@ class Rendezvous:
     """
 
     def __init__(
-        self, store: Any, env: DistEnv, keys: Keys, deadline: Deadline, reach: Optional[str] = None
+        self, store: Any, env: DistEnv, keys: Keys, deadline: Deadline, reach: Optional[str] = None,
+        rank0_serves: bool = True,
     ) -> None:
         self.store, self.env, self.keys, self.deadline = store, env, keys, deadline
         self.reach = reach  # the address this rank reached the master's node at; None over the loopback shortcut
+        self.rank0_serves = rank0_serves  # False under an agent's store (torchrun's, slurmdist run's store host)
         self.where = hostport(env.master_addr, env.master_port)
 
     def check_in(self) -> None:
@@ -820,7 +822,7 @@ class Rendezvous:
             return NOBODY_MISSING[0]
         arrived = self.env.world_size - len(missing)
         text = f"{arrived} of {self.env.world_size} ranks arrived; rank(s) {compress_ranks(missing)} never arrived"
-        if missing[0] == 0:  # the others met at this port anyway: whose store is it?
+        if missing[0] == 0 and self.rank0_serves:  # the others met at this port anyway: whose store is it?
             text += (" (if rank 0 said it cannot listen on this port, the store the others joined there is another "
                      "program's, a leftover run's: set MASTER_PORT to a free port)")
         return text
@@ -911,7 +913,7 @@ def connect(env: DistEnv, deadline: Deadline, environ: Mapping[str, str], genera
             env = env.replace(master_addr=host)
         store, peer, keys = open_meeting(host, env, base, deadline, not agent_store, candidates)
         reach = None if shortcut else peer
-    meeting = Rendezvous(store, env, keys, deadline, reach)
+    meeting = Rendezvous(store, env, keys, deadline, reach, rank0_serves=not agent_store)
     meeting.check_in()
     return meeting
 

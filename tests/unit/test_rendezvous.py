@@ -337,11 +337,20 @@ def test_missing_ranks_are_named_on_every_present_rank():
 def test_a_store_the_others_met_at_without_rank_0_is_questioned(agent_store):
     # A leftover run's store on the port answers like ours: rank 0 could not listen and said so; the others
     # joined the stranger and waited for rank 0 there.
-    port, _ = agent_store
-    outcome, _ = meet(3, [1, 2], timeout=1, port=port, environ=AGENT_ENVIRON)
+    port, _ = agent_store  # a store as a leftover run's rank 0 (or torchrun's agent) left it
+    outcome, _ = meet(3, [1, 2], timeout=1, port=port)
     for exc in outcome.values():
         assert "rank(s) 0 never arrived (if rank 0 said it cannot listen on this port" in str(exc)
         assert "set MASTER_PORT to a free port" in str(exc)
+    # Under an agent rank 0 never listens: its absence is only that.
+    import torch.distributed as dist
+
+    port = free_port()
+    agent = dist.TCPStore("127.0.0.1", port, None, True, timedelta(seconds=60), wait_for_workers=False)
+    outcome, _ = meet(3, [1, 2], timeout=1, port=port, environ=AGENT_ENVIRON)
+    for exc in outcome.values():
+        assert "rank(s) 0 never arrived" in str(exc) and "cannot listen" not in str(exc)
+    del agent  # served until here
 
 
 def test_a_cut_store_is_named_by_the_address_dialled_when_the_launch_gave_none():
