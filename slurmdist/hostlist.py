@@ -317,14 +317,14 @@ def _expand_item(item: _Item) -> List[str]:
 
 
 def _expand_in_slurms_order(literals: List[str], numbers: List[List[str]]) -> List[str]:
-    """Three groups or more (no cluster names its nodes so): the middle groups vary slowest, the last first."""
-    last = len(numbers) - 1
-    slowest_first = [*range(last - 1, -1, -1), last]
-    hosts = []
-    for picked in itertools.product(*(numbers[group] for group in slowest_first)):
-        by_group = dict(zip(slowest_first, picked))
-        hosts.append(literals[0] + "".join(by_group[group] + literals[group + 1] for group in range(last + 1)))
-    return hosts
+    """Three groups or more (no cluster names its nodes so): the middle groups vary slowest, the last fastest.
+    Every head (all groups but the last, in that order) is built once, and the last group joined to it in C."""
+    *leading, last = numbers
+    heads = []
+    for picked in itertools.product(*reversed(leading)):  # the first group fastest of these
+        values = picked[::-1]  # back in the text's order
+        heads.append(literals[0] + "".join(value + text for value, text in zip(values, literals[1:-1])))
+    return _join_split(heads, last, literals[-1])
 
 
 # Bounds of at most this many digits fit an unsigned long, so the fast paths need no magnitude check.
