@@ -265,8 +265,8 @@ class Preemption:
             log.warning("slurmdist: checkpoint saved; not requeued by slurmdist, since Slurm is ending the job")
             exit_without_result(ENDED_EXIT_STATUS)
         environ = os.environ if environ is None else environ
-        counter = local_restarts_file(environ) if under_local_executor(environ) else None
-        decision = plan(environ, self.max_requeues, _read_count(counter))
+        counter = LocalRestarts.of(environ) if under_local_executor(environ) else None
+        decision = plan(environ, self.max_requeues, counter.count() if counter else 0)
         if decision.action is Action.GIVE_UP:
             raise RequeueError(f"not requeued: {decision.reason}")
         if decision.action is Action.LOCAL_RESTART:
@@ -312,23 +312,49 @@ def _run_requeue(command: List[str]) -> None:
         )
 
 
-def _read_count(counter: Optional[Path]) -> int:
+@dataclass(frozen=True)
+class LocalRestarts:
+    """How many times submitit's LocalExecutor restarted this job, kept beside its logs (submitit keeps no
+    count). The count holds the controller's start time: a later job whose controller got the same pid (a
+    container's pids repeat from run to run) in a folder without %j does not inherit it."""
+
+    path: Path
+    controller_started: str
+
+    @classmethod
+    def of(cls, environ: Mapping[str, str]) -> Optional["LocalRestarts"]:
+        path = local_restarts_file(environ)
+        return None if path is None else cls(path, _process_start(environ.get("SUBMITIT_LOCAL_JOB_ID", "")))
+
+    def count(self) -> int:
+        try:
+            count, _, started = self.path.read_text().strip().partition(" ")
+        except OSError:  # none yet: the first run
+            return 0
+        return (whole_number(count) or 0) if started == self.controller_started else 0
+
+    def add_one(self) -> None:
+        try:
+            self.path.write_text(f"{self.count() + 1} {self.controller_started}\n")
+        except OSError as exc:  # the restart matters more than its count
+            log.warning("slurmdist: cannot count this local restart in %s: %s", self.path, exc)
+
+
+def _process_start(pid: str) -> str:
+    """When process `pid` started (clock ticks since boot, from /proc), or '' when that cannot be read."""
     try:
-        text = counter.read_text().strip() if counter is not None else ""
-    except OSError:  # none yet: the first run
-        return 0
-    return whole_number(text) or 0
+        with open(f"/proc/{pid.strip()}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return ""
 
 
-def _restart_local_job(counter: Optional[Path]) -> None:
+def _restart_local_job(counter: Optional[LocalRestarts]) -> None:
     """submitit's LocalExecutor restarts the tasks when one exits with 144; its controller (our parent, or
     our task's parent for a submitted command) forwards SIGTERM to every task, which ends the others at once
     (their SIGTERM is at its default now). `counter` counts the restarts, as SLURM_RESTART_COUNT does."""
     if counter is not None:
-        try:
-            counter.write_text(f"{_read_count(counter) + 1}\n")
-        except OSError as exc:  # the restart matters more than its count
-            log.warning("slurmdist: cannot count this local restart in %s: %s", counter, exc)
+        counter.add_one()
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     controller = os.environ.get(LOCAL_CONTROLLER_VARIABLE, "")
     try:

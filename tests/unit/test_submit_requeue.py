@@ -10,8 +10,8 @@ import sys
 import pytest
 
 from slurmdist.requeue import (
-    LOCAL_MAX_RESTARTS, Action, Preemption, RequeueError, Resumable, install, local_restarts_file, parse_signal,
-    plan, requeue_limit, restart_count,
+    LOCAL_MAX_RESTARTS, Action, LocalRestarts, Preemption, RequeueError, Resumable, install, local_restarts_file,
+    parse_signal, plan, requeue_limit, restart_count,
 )
 
 
@@ -88,6 +88,18 @@ def test_a_local_job_counts_its_restarts_beside_its_logs(tmp_path):
     environ = {"SUBMITIT_EXECUTOR": "local", "SUBMITIT_FOLDER": f"{tmp_path}/%j", "SUBMITIT_LOCAL_JOB_ID": "4242"}
     assert local_restarts_file(environ) == tmp_path / "4242" / "4242_slurmdist_restarts"
     assert local_restarts_file({"SUBMITIT_EXECUTOR": "local"}) is None  # cannot count: restarts as submitit does
+
+
+def test_a_local_restart_count_belongs_to_its_controller(tmp_path):
+    # A folder without %j, and a later controller with the same pid (a container's pids repeat): its job
+    # starts from 0, not from the count an earlier job left there.
+    environ = {"SUBMITIT_EXECUTOR": "local", "SUBMITIT_FOLDER": str(tmp_path), "SUBMITIT_LOCAL_JOB_ID": str(os.getpid())}
+    counter = LocalRestarts.of(environ)
+    assert counter.count() == 0
+    counter.add_one()
+    counter.add_one()
+    assert LocalRestarts.of(environ).count() == 2
+    assert LocalRestarts(counter.path, "1").count() == 0  # the same pid, started at another time
 
 
 @pytest.fixture
