@@ -216,8 +216,8 @@ def _items(text: str) -> Iterator[Tuple[int, str]]:
 
 def _too_many(text: str, limit: int) -> NoReturn:
     raise HostlistError(
-        f"Slurm hostlist {_quote(text)} expands to more than {limit} hosts; "
-        "pass a larger limit= (`slurmdist hostlist --limit N`) if that many are really meant"
+        f"Slurm hostlist {_quote(text)} expands to more than {limit} hosts, more than a job's nodelist holds; "
+        "if that many are really meant, pass a larger limit= to expand(), or --limit N to `slurmdist hostlist`"
     )
 
 

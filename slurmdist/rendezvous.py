@@ -690,7 +690,8 @@ def run_prefix(env: DistEnv, environ: Mapping[str, str], generation: int) -> str
 
 
 # Verdicts that name nobody: with a cause (the process group's own failure), the cause is what to report.
-NOBODY_MISSING = ("every rank arrived", "no rank reported")
+EVERY_RANK_ARRIVED = "every rank arrived"
+NO_RANK_REPORTED = "no rank reported"  # the reporter did not report in time: who arrived is unknown
 # What two ranks disagreeing at check-in are told: no longer timeout could help them.
 CHECKED_IN_TWICE = "checked in twice"
 WORLD_SIZES_DIFFER = "every rank must be started with the same world size"
@@ -796,9 +797,9 @@ class Rendezvous:
                     self._linger()
         if problem is not None:
             verdict = problem
-        elif cause is not None and (verdict == "go" or verdict.startswith(NOBODY_MISSING[0])):
+        elif cause is not None and (verdict == "go" or verdict.startswith(EVERY_RANK_ARRIVED)):
             verdict = f"every rank arrived, but: {_first_line(cause)}{_mesh_straggler(cause)}"
-        elif cause is not None and verdict.startswith(NOBODY_MISSING[1]):  # who arrived is unknown
+        elif cause is not None and verdict.startswith(NO_RANK_REPORTED):  # who arrived is unknown
             verdict = f"{verdict}; this rank: {_first_line(cause)}{_mesh_straggler(cause)}"
         if late:
             verdict = (
@@ -819,7 +820,7 @@ class Rendezvous:
     def _missing_text(self) -> str:
         missing = [r for r in range(self.env.world_size) if not self.store.check([self.keys.arrived(r)])]
         if not missing:
-            return NOBODY_MISSING[0]
+            return EVERY_RANK_ARRIVED
         arrived = self.env.world_size - len(missing)
         text = f"{arrived} of {self.env.world_size} ranks arrived; rank(s) {compress_ranks(missing)} never arrived"
         if missing[0] == 0 and self.rank0_serves:  # the others met at this port anyway: whose store is it?
@@ -833,7 +834,7 @@ class Rendezvous:
         try:
             self.store.wait([self.keys.verdict], timedelta(seconds=grace))
         except RuntimeError:
-            return publish_once(self.store, self.keys.verdict, f"{NOBODY_MISSING[1]} within {grace:.0f} s")
+            return publish_once(self.store, self.keys.verdict, f"{NO_RANK_REPORTED} within {grace:.0f} s")
         return _get(self.store, self.keys.verdict)
 
     def _linger(self) -> None:
