@@ -97,6 +97,9 @@ class LocalCluster:
         except subprocess.TimeoutExpired:
             out, err = _end_session(proc)
             raise failed(args, f"took over {timeout} s", out, err) from None
+        except BaseException:  # Ctrl-C, CI's SIGINT, pytest-timeout: its session no longer hears them
+            _end_session(proc)
+            raise
         if check and proc.returncode != 0:
             raise failed(args, f"exited {proc.returncode}", out, err)
         return subprocess.CompletedProcess(args, proc.returncode, out, err)
