@@ -138,11 +138,21 @@ class RankAdapter(logging.LoggerAdapter):
         return self.logger.isEnabledFor(level)
 
     def process(self, msg: Any, kwargs: MutableMapping[str, Any]) -> Tuple[Any, MutableMapping[str, Any]]:
-        # Marked as prefixed: a handler with a RankFilter (which adds the rank fields itself) does not prefix it
-        # again. Only the marker: a record factory or the caller may set `rank` already, and logging refuses
-        # an `extra` key the record has.
-        kwargs["extra"] = {**(kwargs.get("extra") or {}), "_slurmdist_prefixed": True}
-        return f"{prefix(*rank_and_size())} {msg}", kwargs
+        rank, world_size = rank_and_size()
+        line_prefix = prefix(rank, world_size)
+        # The fields a RankFilter adds, for formats that name them, unless the caller's `extra` or the record
+        # factory sets them already (logging refuses an `extra` key the record has); marked as prefixed, so
+        # that a handler with a RankFilter does not prefix it again.
+        given = dict(kwargs.get("extra") or {})
+        taken = set(given) | _factory_fields()
+        fields = {"rank": rank, "world_size": world_size, "rank_prefix": line_prefix}
+        kwargs["extra"] = {**{k: v for k, v in fields.items() if k not in taken}, **given, "_slurmdist_prefixed": True}
+        return f"{line_prefix} {msg}", kwargs
+
+
+def _factory_fields() -> "set[str]":
+    """The attributes the current log record factory sets (a custom one may add `rank` itself)."""
+    return set(vars(logging.getLogRecordFactory()("slurmdist", logging.INFO, "", 0, "", (), None)))
 
 
 def rank_logger(

@@ -135,6 +135,29 @@ def test_rank_logger_leaves_the_records_own_rank_fields_alone(as_rank):
         assert capture(RankFilter(prefix_message=False), lambda log: rank_logger(log.name).info("x")) == ["[rank 1/4] x"]
     finally:
         logging.setLogRecordFactory(previous)
+    records = []
+    logger = logging.getLogger("test_logs.own_rank")
+    logger.addHandler(handler := logging.Handler())
+    handler.emit = records.append
+    try:
+        rank_logger(logger.name).warning("y", extra={"rank": "the caller's"})
+    finally:
+        logger.removeHandler(handler)
+    assert (records[0].rank, records[0].world_size, records[0].getMessage()) == ("the caller's", 4, "[rank 1/4] y")
+
+
+def test_rank_logger_records_carry_the_rank_fields_for_formats_without_a_filter(as_rank):
+    as_rank(1)
+    records = []
+    logger = logging.getLogger("test_logs.fields")
+    logger.addHandler(handler := logging.Handler())
+    handler.emit = records.append
+    handler.setFormatter(logging.Formatter("%(rank_prefix)s|rank=%(rank)s %(message)s"))
+    try:
+        rank_logger(logger.name).warning("hello")
+    finally:
+        logger.removeHandler(handler)
+    assert handler.format(records[0]) == "[rank 1/4]|rank=1 [rank 1/4] hello"
 
 
 @pytest.fixture
