@@ -215,9 +215,10 @@ def _items(text: str) -> Iterator[Tuple[int, str]]:
 
 
 def _too_many(text: str, limit: int) -> NoReturn:
+    beyond_jobs = ", more than a job's nodelist holds" if limit >= DEFAULT_LIMIT else ""
     raise HostlistError(
-        f"Slurm hostlist {_quote(text)} expands to more than {limit} hosts, more than a job's nodelist holds; "
-        "if that many are really meant, pass a larger limit= to expand(), or --limit N to `slurmdist hostlist`"
+        f"Slurm hostlist {_quote(text)} expands to more than {limit} hosts{beyond_jobs}; if that many are "
+        "really meant, pass a larger limit= to expand(), or --limit N to `slurmdist hostlist`"
     )
 
 

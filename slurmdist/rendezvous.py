@@ -708,11 +708,13 @@ class Rendezvous:
 
     def __init__(
         self, store: Any, env: DistEnv, keys: Keys, deadline: Deadline, reach: Optional[str] = None,
-        rank0_serves: bool = True,
+        foreign_store_possible: bool = True,
     ) -> None:
         self.store, self.env, self.keys, self.deadline = store, env, keys, deadline
         self.reach = reach  # the address this rank reached the master's node at; None over the loopback shortcut
-        self.rank0_serves = rank0_serves  # False under an agent's store (torchrun's, slurmdist run's store host)
+        # Rank 0 serves on a port it was given, which another run's store may hold: not under an agent's store
+        # (torchrun's, slurmdist run's store host), nor on the port the kernel chose for it (MPI).
+        self.foreign_store_possible = foreign_store_possible
         self.where = hostport(env.master_addr, env.master_port)
 
     def check_in(self) -> None:
@@ -823,7 +825,7 @@ class Rendezvous:
             return EVERY_RANK_ARRIVED
         arrived = self.env.world_size - len(missing)
         text = f"{arrived} of {self.env.world_size} ranks arrived; rank(s) {compress_ranks(missing)} never arrived"
-        if missing[0] == 0 and self.rank0_serves:  # the others met at this port anyway: whose store is it?
+        if missing[0] == 0 and self.foreign_store_possible:  # the others met at this port anyway: whose is it?
             text += (" (if rank 0 said it cannot listen on this port, the store the others joined there is another "
                      "program's, a leftover run's: set MASTER_PORT to a free port)")
         return text
@@ -897,8 +899,10 @@ def connect(env: DistEnv, deadline: Deadline, environ: Mapping[str, str], genera
     agent_store = agent_serves_store(environ)
     env = _slurm_master(env, environ, deadline)
     base = run_prefix(env, environ, generation)
+    foreign_store_possible = not agent_store
     if env.master_addr is None or env.master_port is None:
         store, env, reach = _mpi_store(env, deadline, environ)
+        foreign_store_possible = False
         try:
             keys = current_keys(store, base, env.world_size)
         except RuntimeError as exc:  # rank 0 went away between the broadcast and this read
@@ -914,7 +918,7 @@ def connect(env: DistEnv, deadline: Deadline, environ: Mapping[str, str], genera
             env = env.replace(master_addr=host)
         store, peer, keys = open_meeting(host, env, base, deadline, not agent_store, candidates)
         reach = None if shortcut else peer
-    meeting = Rendezvous(store, env, keys, deadline, reach, rank0_serves=not agent_store)
+    meeting = Rendezvous(store, env, keys, deadline, reach, foreign_store_possible)
     meeting.check_in()
     return meeting
 

@@ -451,7 +451,7 @@ def test_expansion_memory_is_capped_with_a_clear_error(reliability_record):
     """A short item naming up to 2**64 hosts, or just over the cap, is refused before any host is built."""
     cases = ["n[0-18446744073709551615]", "a[1-1000]b[1-1000]c[1-1000]", f"n[1-{hostlist.DEFAULT_LIMIT + 1}]"]
     peak = max(expansion_peak(text) for text in cases)
-    with pytest.raises(HostlistError, match="more than 10 hosts, .*pass a larger limit= to expand"):
+    with pytest.raises(HostlistError, match="more than 10 hosts; if that many are really meant, pass a larger limit="):
         hostlist.expand("n[1-11]", limit=10)
     reliability_record(
         "hostlist expansion over the host cap (one item)", f"{len(cases)} items of up to 2**64 hosts, cap "
