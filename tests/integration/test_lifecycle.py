@@ -145,3 +145,22 @@ def test_collectives_get_their_own_timeout_not_what_the_rendezvous_had_left(reti
     for result in finish(procs):
         assert result.returncode == 0, result.stderr
         assert float(result.stdout) == 123.0
+
+
+ALONE_WITHOUT_RETIMING = """
+import torch.distributed as dist, slurmdist
+del dist.distributed_c10d._set_pg_timeout  # a torch that cannot change a formed group's timeout
+try:
+    slurmdist.init("gloo", timeout=3)
+except slurmdist.RendezvousError as error:
+    print(error)
+"""
+
+
+def test_gloo_without_retiming_still_ends_at_the_init_timeout():
+    # Such a torch forms the group under the collective timeout (600 s here): rank 0, which serves the store and
+    # has no watchdog, must not wait for rank 1 in the gloo mesh for that long, but give up at init's 3 s.
+    environ = rank_environ(0, 2, free_port(), SLURMDIST_COLLECTIVE_TIMEOUT="600")
+    done = subprocess.run([PYTHON, "-c", ALONE_WITHOUT_RETIMING], env=environ, capture_output=True, text=True,
+                          timeout=120)
+    assert "rank(s) 1 never arrived" in done.stdout, done.stdout + done.stderr
