@@ -25,7 +25,7 @@ SBIN_DIRS = ("/usr/sbin", "/sbin", "/usr/local/sbin")
 # What starting a cluster needs; the script installs missing packages only when run as root.
 CLUSTER_TOOLS = ("munged", "slurmctld", "slurmd", "slurmstepd", "srun", "sinfo", "unshare")
 # Bounds on a hang, above the script's own bounded waits (another start's port lock, 720 s, then accounting's
-# start, 600 s, and the daemons'), and below pytest's per-test timeout (pyproject): a normal start takes a
+# start, a few minutes at worst, and the daemons'), and below pytest's per-test timeout (pyproject): a normal start takes a
 # second or two, a stop a few.
 START_TIMEOUT = 1500
 STOP_TIMEOUT = 300
