@@ -101,7 +101,9 @@ def start_by_hand():
         deadline = time.monotonic() + timeout.total_seconds()
         while True:
             try:
-                socket.create_connection((addr, port), timeout=1).close()
+                # bytes: a str host makes Python's first lookup import the idna codec (~1 ms), which
+                # slurmdist does not pay either.
+                socket.create_connection((addr.encode(), port), timeout=1).close()
                 break
             except OSError:
                 if time.monotonic() > deadline:

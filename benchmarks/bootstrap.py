@@ -74,9 +74,16 @@ def records_of(directory: str, ranks: int) -> List[dict]:
     return found
 
 
+def spread(ranks: int, nodes: int) -> List[str]:
+    """srun's options for `ranks` tasks on `nodes` nodes, as evenly as they go: alone, srun fills the first
+    node's CPUs first (7 + 1 for 8 ranks on two 32-CPU nodes), and the 'two nodes' rows would be one."""
+    even = [f"--ntasks-per-node={ranks // nodes}"] if ranks % nodes == 0 else ["-m", "cyclic"]
+    return [f"-N{nodes}", f"-n{ranks}", *even]
+
+
 def srun_launch(ranks: int, extra: Dict[str, str], nodes: int = cluster.NODES,
                command: Sequence[str] = (str(WORKER), "slurmdist")) -> Tuple[float, List[dict]]:
-    argv = ["srun", f"-N{nodes}", f"-n{ranks}", "--kill-on-bad-exit=1", "--time=10", sys.executable, *command]
+    argv = ["srun", *spread(ranks, nodes), "--kill-on-bad-exit=1", "--time=10", sys.executable, *command]
     wall, _ = run_process(argv, env={**cluster.environ(), **extra}, timeout=run_timeout(ranks))
     return wall, records_of(extra["BENCH_RESULT_DIR"], ranks)
 
@@ -104,7 +111,7 @@ def by_hand_launch(ranks: int, extra: Dict[str, str]) -> Tuple[float, List[dict]
 
 def srun_true(ranks: int) -> Tuple[float, List[dict]]:
     """Slurm's own cost of allocating and launching a step of `true` (no Python at all)."""
-    wall, _ = run_process(["srun", f"-N{cluster.NODES}", f"-n{ranks}", "--time=10", "true"],
+    wall, _ = run_process(["srun", *spread(ranks, cluster.NODES), "--time=10", "true"],
                           env=cluster.environ(), timeout=60)
     return wall, []
 
@@ -217,7 +224,9 @@ def measure(names: Sequence[str], ranks: int, runs: int, ctx: Context) -> Dict[s
                 sync, out = os.path.join(work, "sync"), os.path.join(work, "out")
                 os.mkdir(sync)
                 os.mkdir(out)
-                extra = {"BENCH_SYNC_DIR": sync, "BENCH_RANKS": str(ranks), "BENCH_RESULT_DIR": out}
+                # OMP_NUM_THREADS as torchrun sets it for its workers, for every launch alike.
+                extra = {"BENCH_SYNC_DIR": sync, "BENCH_RANKS": str(ranks), "BENCH_RESULT_DIR": out,
+                         "OMP_NUM_THREADS": "1"}
                 wall, records = launches()[name](ranks, extra)
             results[name].add(wall, records)
             return wall
@@ -358,8 +367,11 @@ def phase_table(section: Section, ranks: int) -> None:
     for label in [*labels, "total"]:
         cells = []
         for name in columns:
-            values = [record.get(label, 0.0) for record in RESULTS[(name, ranks)].phases]
-            cells.append(seconds(Stats(tuple(values)).median))
+            records = RESULTS[(name, ranks)].phases
+            # Over the ranks that ran the phase (a lookup on node2's only, hosting the store on rank 0's).
+            values = [record[label] for record in records if label in record]
+            share = "" if len(values) == len(records) else f" ({len(values)} of {len(records)})"
+            cells.append(f"{seconds(Stats(tuple(values)).median)}{share}" if values else "-")
         rows.append([label, *cells])
     section.add(f"Where slurmdist's per-rank time goes at {ranks} ranks (median over ranks and runs; the "
                 "worker times slurmdist's internal steps by wrapping them; the total is the per-rank figure, "
@@ -395,6 +407,7 @@ def _plot(ctx: Context, section: Section, sizes: List[int]) -> None:
             ok = result is not None and result.failure is None and result.wall
             values.setdefault(name, []).extend(
                 [Stats(tuple(result.per_rank)).median, Stats(tuple(result.wall)).median] if ok else [None, None])
+    # A log axis: per-rank times are milliseconds, job wall times seconds.
     image(section, plots.bars(ctx.img_dir / "bootstrap.png", groups, values,
                               title="Bootstrap: init -> first all_reduce, and job wall time (median, lower is better)",
-                              ylabel="seconds"), "bootstrap latency per launcher")
+                              ylabel="seconds (log)", log=True), "bootstrap latency per launcher")

@@ -88,6 +88,8 @@ def describe() -> Dict[str, str]:
 
 
 def summary(info: Dict[str, str]) -> str:
-    """One line for the console and each section."""
-    return (f"{info['CPU'].split(',')[0]}, {info['memory']}, {info['OS'].split(',')[0]}, "
-            f"Python {info['Python'].split()[-1]}, torch {info['torch']}, load {info['load average at start (1, 5, 15 min)']}")
+    """One line for the console and each section: when, which code, which processor. A page keeps the
+    sections an `--only` run did not redo, so each must say where its numbers come from."""
+    return (f"{info['date (UTC)']} UTC, slurmdist {info['slurmdist']}, {info['CPU']}, {info['memory']}, "
+            f"{info['OS'].split(',')[0]}, Python {info['Python'].split()[-1]}, torch {info['torch']}, "
+            f"load {info['load average at start (1, 5, 15 min)']}")

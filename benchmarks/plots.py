@@ -8,7 +8,9 @@ from typing import Dict, Mapping, Optional, Sequence, Tuple
 Series = Mapping[str, Tuple[Sequence[float], Sequence[float]]]  # label -> (x values, y values)
 
 # slurmdist always in the same colour, peers in muted ones, so every plot reads the same way.
-_COLOURS = ["#1f77b4", "#d62728", "#7f7f7f", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b"]
+# Twelve, so that no two of the bootstrap plot's ten launches share one.
+_COLOURS = ["#1f77b4", "#d62728", "#7f7f7f", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#bcbd22",
+            "#17becf", "#393b79", "#000000"]
 
 
 def _pyplot():

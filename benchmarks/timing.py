@@ -6,8 +6,10 @@ load from another process hits every tool alike and the ratio between medians st
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
+import signal
 import statistics
 import subprocess
 import time
@@ -109,10 +111,20 @@ def run_process(
     """Run a command to completion: (wall seconds, result). Raises on timeout or a non-zero exit status,
     with the end of its stderr, so the caller can report why."""
     start = time.perf_counter()
-    done = subprocess.run(
-        list(argv), env=None if env is None else dict(env), capture_output=True, text=True, timeout=timeout, cwd=cwd
-    )
+    # A session of its own: on a timeout the whole of it goes (torchrun's workers, an srun's), not only the
+    # launcher, so that nothing left behind loads the cores while the next runs are timed.
+    proc = subprocess.Popen(list(argv), env=None if env is None else dict(env), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=cwd, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except BaseException:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):  # a process in a session of its own keeps the pipes
+            proc.communicate(timeout=10)
+        raise
     seconds = time.perf_counter() - start
+    done = subprocess.CompletedProcess(list(argv), proc.returncode, out, err)
     if done.returncode != 0:
         tail = (done.stderr or done.stdout).strip().splitlines()[-5:]
         raise RuntimeError(f"{os.path.basename(argv[0])} exited with status {done.returncode}: {' / '.join(tail)}")
