@@ -298,6 +298,12 @@ def local_parameters(resources: Resources) -> Dict[str, Any]:
     return params
 
 
+def unused_locally(resources: Resources) -> List[str]:
+    """The options that only a Slurm cluster can honour (a partition, an account, extra #SBATCH lines)."""
+    named = [f"{name}={getattr(resources, name)!r}" for name in ("partition", "account") if getattr(resources, name)]
+    return named + ([f"sbatch={dict(resources.sbatch)!r}"] if resources.sbatch else [])
+
+
 def choose_cluster(cluster: str, which: Callable[[str], Optional[str]] = shutil.which) -> str:
     """'slurm' or 'local': 'auto' is Slurm where sbatch and srun exist, else this machine."""
     if cluster not in ("auto", "slurm", "local"):
@@ -468,6 +474,11 @@ class Submitter:
         except TypeError as error:
             raise SubmitError(f"Submitter: {error}") from None
         self.cluster = choose_cluster(cluster)
+        slurm_only = unused_locally(self.resources) if cluster == "auto" and self.cluster == "local" else []
+        if slurm_only:
+            log.warning("slurmdist: sbatch and srun are not on PATH, so this job runs on this machine (submitit's "
+                        "LocalExecutor), where %s mean nothing; load your site's Slurm module, or pass "
+                        "cluster='local' to mean it", ", ".join(slurm_only))
         self.folder = Path(folder)
         self.python = python
         self._executor: Any = None

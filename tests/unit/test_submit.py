@@ -3,6 +3,7 @@ sbatch script (through submitit's own renderer), states, and the cheap import.""
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -112,6 +113,19 @@ def test_the_rendered_batch_script_quotes_every_value():
 def test_local_runs_every_task_on_this_machine():
     params = local_parameters(Resources(nodes=2, gpus_per_node=2, time=10))
     assert (params["tasks_per_node"], params["gpus_per_node"], params["timeout_min"]) == (4, 4, 10)
+
+
+def test_a_job_meant_for_slurm_that_falls_back_to_this_machine_is_warned_about(tmp_path, monkeypatch, caplog):
+    # A notebook on a login node whose Slurm module is not loaded: 'auto' finds no sbatch.
+    from slurmdist.submit import Submitter
+
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with caplog.at_level(logging.WARNING, logger="slurmdist"):
+        assert Submitter(nodes=2, partition="gpu", account="proj", folder=tmp_path).cluster == "local"
+        assert Submitter(nodes=1, folder=tmp_path).cluster == "local"  # nothing Slurm-only asked: no warning
+        assert Submitter(nodes=1, partition="gpu", cluster="local", folder=tmp_path).cluster == "local"  # meant
+    warnings = [r.getMessage() for r in caplog.records if "not on PATH" in r.getMessage()]
+    assert len(warnings) == 1 and "partition='gpu', account='proj'" in warnings[0]
 
 
 def test_choose_cluster():
