@@ -57,4 +57,4 @@ stop-cluster:
 	scripts/local-cluster stop
 
 clean: stop-cluster
-	rm -rf $(VENV) .cluster runs .pytest_cache .hypothesis
+	rm -rf $(VENV) .cluster .pytest_cache .hypothesis  # not runs/: the jobs' checkpoints and results
