@@ -58,6 +58,7 @@ class JobSpec:
     signal: Optional[str] = None  # the warning before the time limit: None = USR2@120 under srun, "" = none
     requeue: bool = True
     share_devices: bool = False  # let more ranks than devices share a node's GPUs/NPUs (SLURMDIST_SHARE_DEVICES)
+    setup: Tuple[str, ...] = ()  # shell lines before the launch (module load, source a venv): shell on purpose
 
 
 # --- validation ------------------------------------------------------------------------------------------
@@ -75,6 +76,9 @@ def validate(spec: JobSpec) -> JobSpec:
         raise SbatchError("slurmdist sbatch needs a command after --, e.g. `-- python train.py --lr 0.1`")
     if spec.launcher not in LAUNCHERS:
         raise SbatchError(f"--launcher {spec.launcher!r}: use one of {', '.join(LAUNCHERS)}")
+    for line in spec.setup:
+        if not line.strip() or any(c in line for c in "\n\r\0"):
+            raise SbatchError(f"--setup {line!r}: give one non-empty shell line per --setup (repeat it for more)")
     if spec.device not in DEVICES:
         raise SbatchError(f"--device {spec.device!r}: use one of {', '.join(DEVICES)}")
     for option in ("nodes", "gpus_per_node", "tasks_per_node", "workers_per_node", "cpus_per_task"):
@@ -190,6 +194,11 @@ def render(spec: JobSpec) -> str:
     if spec.share_devices:
         lines += ["# Asked for with --share-devices: more ranks per node than devices, on purpose.",
                   "export SLURMDIST_SHARE_DEVICES=1"]
+    if spec.setup:
+        # Site scripts (module, conda's and venv's activate) often read unset variables: not under set -u.
+        lines += ["# --setup, here in the batch script; the tasks srun starts inherit what it sets up.", "set +u",
+                  "# shellcheck disable=SC1090,SC1091  # the site's files it may source", "{",
+                  *(f"    {line}" for line in spec.setup), "}", "set -u"]
     lines += [
         'cd "${SLURM_SUBMIT_DIR:-.}"',
         'echo "job $SLURM_JOB_ID: $SLURM_NNODES node(s) ($SLURM_JOB_NODELIST), $SLURM_NTASKS task(s)"',
@@ -283,6 +292,9 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--no-requeue", dest="requeue", action="store_false")
     parser.add_argument("--share-devices", action="store_true",
                         help="allow more ranks per node than GPUs/NPUs (exports SLURMDIST_SHARE_DEVICES=1)")
+    parser.add_argument("--setup", action="append", default=[], metavar="LINE",
+                        help="shell line run before the launch, e.g. 'module load cuda' or 'source ~/venv/bin/activate' "
+                        "(repeatable; needed where jobs are submitted with --export=NONE)")
     parser.add_argument("--write", metavar="FILE", help="write the script to FILE instead of stdout")
     parser.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARGS...]")
     parser.set_defaults(handler=_sbatch)
@@ -309,6 +321,7 @@ def spec_from_args(args: argparse.Namespace) -> JobSpec:
         signal=args.signal,
         requeue=args.requeue,
         share_devices=args.share_devices,
+        setup=tuple(args.setup),
     )
 
 

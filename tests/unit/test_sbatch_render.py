@@ -107,6 +107,19 @@ def test_torchrun_passes_the_script_and_its_arguments_through_the_per_node_shell
     assert "--rdzv-conf=is_host=1" in torchrun_call and "--local-addr=10.0.0.1" in torchrun_call
 
 
+def test_setup_lines_run_before_the_launch_and_the_tasks_inherit_them(tmp_path):
+    # `module load`, a venv's activate: where jobs are submitted with --export=NONE, the job sets itself up.
+    setup = ("export SRUN_CPUS_PER_TASK=7", 'echo "${NOT_SET_ANYWHERE}" > /dev/null')  # site scripts read unset vars
+    run_script(render(JobSpec(command=("python", "train.py"), nodes=2, gpus_per_node=4, setup=setup)), tmp_path)
+    assert (tmp_path / "calls.cpus").read_text() == "srun 7\n"
+
+
+@pytest.mark.parametrize("line", ["", "  ", "module load a\nmodule load b"])
+def test_a_setup_value_must_be_one_shell_line(line):
+    with pytest.raises(SbatchError, match="one non-empty shell line per --setup"):
+        render(JobSpec(command=("python", "train.py"), setup=(line,)))
+
+
 @pytest.mark.parametrize("script", ["rendered", "shipped"])
 def test_torchrun_scripts_fall_back_to_the_head_nodes_name_when_scontrol_cannot_say(tmp_path, script):
     # A busy slurmctld (`show node` timing out) must not end the job under `set -e` before the fallback.
