@@ -359,10 +359,10 @@ def _import_mpi(timeout: float, message: str) -> Any:
     if watcher == 0:  # only os-level calls here: the parent may have had other threads
         try:
             os.close(done_writing)
-            if not _readable_within(done_reading, timeout):
+            if not readable_within(done_reading, timeout):
                 os.write(2, message.encode())
                 os.kill(me, signal.SIGTERM)
-                if not _readable_within(done_reading, MPI_KILL_GRACE):
+                if not readable_within(done_reading, MPI_KILL_GRACE):
                     os.kill(me, signal.SIGKILL)
         finally:
             os._exit(0)
@@ -375,13 +375,13 @@ def _import_mpi(timeout: float, message: str) -> Any:
     return MPI
 
 
-def _readable_within(fd: int, seconds: float) -> bool:
-    """True when `fd` turns readable (or its writer closes it) within `seconds`. poll, not select: select
-    refuses descriptors numbered 1024 or above, which a script with many files open gets, and the bound
-    was then silently gone."""
+def readable_within(fd: int, seconds: Optional[float] = None) -> bool:
+    """True when `fd` turns readable (its writer closed it, the process a pidfd names ended) within `seconds`,
+    or ever when None. poll, not select: select refuses descriptors numbered 1024 or above, which a process
+    with many files open gets, and the wait was then silently gone."""
     poller = select.poll()
     poller.register(fd, select.POLLIN)
-    return bool(poller.poll(max(0, math.ceil(seconds * 1000))))
+    return bool(poller.poll(None if seconds is None else max(0, math.ceil(seconds * 1000))))
 
 
 def mpi_broadcast(comm: Any, text: Optional[str], deadline: Deadline, size: int = 512) -> str:
@@ -800,7 +800,7 @@ class Rendezvous:
         if problem is not None:
             verdict = problem
         elif cause is not None and (verdict == "go" or verdict.startswith(EVERY_RANK_ARRIVED)):
-            verdict = f"every rank arrived, but: {_first_line(cause)}{_mesh_straggler(cause)}"
+            verdict = f"{EVERY_RANK_ARRIVED}, but: {_first_line(cause)}{_mesh_straggler(cause)}"
         elif cause is not None and verdict.startswith(NO_RANK_REPORTED):  # who arrived is unknown
             verdict = f"{verdict}; this rank: {_first_line(cause)}{_mesh_straggler(cause)}"
         if late:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import select
 import signal
 import socket
 import sys
@@ -29,7 +28,7 @@ from typing import List, Mapping, Optional, Sequence, Tuple
 
 from . import store_server
 from .distenv import DistEnv
-from .rendezvous import DEFAULT_TIMEOUT, agent_serves_store
+from .rendezvous import DEFAULT_TIMEOUT, agent_serves_store, readable_within
 
 PID_POLL = 0.2  # seconds between checks that the command is still running, where there is no pidfd
 LEFT_TO_THE_COMMAND = ("SIGINT", "SIGTERM", "SIGHUP", "SIGUSR1", "SIGUSR2")
@@ -135,9 +134,7 @@ def wait_for_exit(watched: str, poll: float = PID_POLL) -> None:
     """Block until the process `watched` names ('pidfd:N' or 'pid:N') has exited."""
     kind, _, number = watched.partition(":")
     if kind == "pidfd":
-        watch = select.poll()  # not select(): it cannot take a descriptor numbered 1024 or above
-        watch.register(int(number), select.POLLIN)  # a pidfd turns readable when its process ends
-        watch.poll()  # no timeout: returns only once it has
+        readable_within(int(number))  # a pidfd turns readable when its process ends
         return
     pid = int(number)
     while True:
