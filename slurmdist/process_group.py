@@ -185,14 +185,15 @@ def _choose_gloo_interface(meeting: rendezvous.Rendezvous, environ: Mapping[str,
     if not interfaces.wanted(env.world_size, environ, os.environ):
         return
     single_node = env.local_world_size == env.world_size
-    name = interfaces.gloo_interface(None if single_node else meeting.master_reach(), single_node)
+    reach = None if single_node else meeting.master_reach()  # a store read when another node says it
+    name = interfaces.gloo_interface(reach, single_node)
     if name is None and not single_node:
         # gloo then binds what this node's name resolves to, on Debian-like hosts 127.0.1.1, which other
         # nodes cannot reach. Unknown when the route's source is not its interface's first IPv4 address
         # (the one gloo binds), or the master is reached over IPv6 link-local.
         log.warning("slurmdist: rank %d found no interface towards the master (%s); gloo picks its own. If the "
                     "group then fails across nodes, set GLOO_SOCKET_IFNAME to the interface the nodes share",
-                    env.rank, meeting.master_reach())
+                    env.rank, reach)
     if name is None:
         return
     _set_interface(name)
