@@ -48,11 +48,13 @@ HOSTFILE_VARIABLE = "SLURM_HOSTFILE"
 def step_id(environ: Mapping[str, str]) -> Optional[str]:
     """The srun step id, or None outside a task step (batch script, salloc shell, extern step). An empty
     variable says nothing: the other spelling may still."""
-    for name in STEP_ID_VARIABLES:
-        value = environ.get(name, "").strip()
-        if value:
-            return None if value in NON_TASK_STEPS else value
-    return None
+    value = _step_value(environ)
+    return None if value is None or value in NON_TASK_STEPS else value
+
+
+def _step_value(environ: Mapping[str, str]) -> Optional[str]:
+    """The first step id variable that says something (stripped), task step or not; None when none does."""
+    return next((value for value in (environ.get(name, "").strip() for name in STEP_ID_VARIABLES) if value), None)
 
 
 def job_id(environ: Mapping[str, str]) -> Optional[str]:
@@ -203,7 +205,7 @@ def check_outside_step(environ: Mapping[str, str]) -> Optional[str]:
         return job
     # The batch script carries SLURM_PROCID=0 and no step id (or the "batch" one); an salloc shell or
     # interactive step does not. Only the batch script is known to be one of several tasks that never started.
-    raw_step = next((environ[name].strip() for name in STEP_ID_VARIABLES if environ.get(name, "").strip()), "batch")
+    raw_step = _step_value(environ) or "batch"
     in_batch_script = "SLURM_PROCID" in environ and raw_step in BATCH_STEPS
     if in_batch_script:
         raise LaunchError(
