@@ -266,11 +266,14 @@ class Preemption:
             exit_without_result(ENDED_EXIT_STATUS)
         environ = os.environ if environ is None else environ
         counter = LocalRestarts.of(environ) if under_local_executor(environ) else None
-        decision = plan(environ, self.max_requeues, counter.count() if counter else 0)
+        restarts = counter.count() if counter else 0
+        decision = plan(environ, self.max_requeues, restarts)
         if decision.action is Action.GIVE_UP:
             raise RequeueError(f"not requeued: {decision.reason}")
         if decision.action is Action.LOCAL_RESTART:
-            _restart_local_job(counter)
+            if counter is not None:
+                counter.record(restarts + 1)
+            _restart_local_job()
         _run_requeue(decision.command)
         log.warning("slurmdist: requeued job %s; waiting for Slurm to end this run", decision.job_id)
         _wait_to_be_ended(KILL_WAIT_TIMEOUT)
@@ -333,9 +336,9 @@ class LocalRestarts:
             return 0
         return (whole_number(count) or 0) if started == self.controller_started else 0
 
-    def add_one(self) -> None:
+    def record(self, count: int) -> None:
         try:
-            self.path.write_text(f"{self.count() + 1} {self.controller_started}\n")
+            self.path.write_text(f"{count} {self.controller_started}\n")
         except OSError as exc:  # the restart matters more than its count
             log.warning("slurmdist: cannot count this local restart in %s: %s", self.path, exc)
 
@@ -349,12 +352,10 @@ def _process_start(pid: str) -> str:
         return ""
 
 
-def _restart_local_job(counter: Optional[LocalRestarts]) -> None:
+def _restart_local_job() -> None:
     """submitit's LocalExecutor restarts the tasks when one exits with 144; its controller (our parent, or
     our task's parent for a submitted command) forwards SIGTERM to every task, which ends the others at once
-    (their SIGTERM is at its default now). `counter` counts the restarts, as SLURM_RESTART_COUNT does."""
-    if counter is not None:
-        counter.add_one()
+    (their SIGTERM is at its default now)."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     controller = os.environ.get(LOCAL_CONTROLLER_VARIABLE, "")
     try:

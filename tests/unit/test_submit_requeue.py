@@ -96,8 +96,7 @@ def test_a_local_restart_count_belongs_to_its_controller(tmp_path):
     environ = {"SUBMITIT_EXECUTOR": "local", "SUBMITIT_FOLDER": str(tmp_path), "SUBMITIT_LOCAL_JOB_ID": str(os.getpid())}
     counter = LocalRestarts.of(environ)
     assert counter.count() == 0
-    counter.add_one()
-    counter.add_one()
+    counter.record(2)
     assert LocalRestarts.of(environ).count() == 2
     assert LocalRestarts(counter.path, "1").count() == 0  # the same pid, started at another time
 
