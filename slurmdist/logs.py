@@ -8,11 +8,12 @@ environment: a log line is not worth crashing a job for.
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 import os
 import sys
 import threading
-from typing import Any, Mapping, MutableMapping, Optional, Tuple, Union
+from typing import Any, Callable, FrozenSet, Mapping, MutableMapping, Optional, Tuple, Union
 
 from . import process_group
 from .envvars import whole_number
@@ -60,9 +61,12 @@ def rank_and_size(environ: Optional[Mapping[str, str]] = None) -> Tuple[int, int
 
 
 def _from_variables(environ: Mapping[str, str]) -> Tuple[int, int]:
-    rank = next((n for n in (whole_number(environ.get(v, "")) for v in RANK_VARIABLES) if n is not None), 0)
-    size = next((n for n in (whole_number(environ.get(v, "")) for v in SIZE_VARIABLES) if n is not None), 1)
-    return rank, size
+    return _first_number(environ, RANK_VARIABLES, 0), _first_number(environ, SIZE_VARIABLES, 1)
+
+
+def _first_number(environ: Mapping[str, str], names: Tuple[str, ...], default: int) -> int:
+    """The first of `names` that holds a whole number (what int() refuses is passed over), else `default`."""
+    return next((n for n in (whole_number(environ.get(name, "")) for name in names) if n is not None), default)
 
 
 def prefix(rank: int, world_size: int) -> str:
@@ -150,9 +154,19 @@ class RankAdapter(logging.LoggerAdapter):
         return f"{line_prefix} {msg}", kwargs
 
 
-def _factory_fields() -> "set[str]":
+def _factory_fields() -> FrozenSet[str]:
     """The attributes the current log record factory sets (a custom one may add `rank` itself)."""
-    return set(vars(logging.getLogRecordFactory()("slurmdist", logging.INFO, "", 0, "", (), None)))
+    factory = logging.getLogRecordFactory()
+    try:
+        return _fields_of(factory)
+    except TypeError:  # an unhashable factory object: asked every time
+        return _fields_of.__wrapped__(factory)
+
+
+@functools.lru_cache(maxsize=8)
+def _fields_of(factory: Callable[..., logging.LogRecord]) -> FrozenSet[str]:
+    """Found once per factory, not by building a record for every log line."""
+    return frozenset(vars(factory("slurmdist", logging.INFO, "", 0, "", (), None)))
 
 
 def rank_logger(
