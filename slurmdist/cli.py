@@ -183,8 +183,9 @@ def _run(args: argparse.Namespace) -> int:
     child_env.update(command_variables(env))
     if args.store and store_host.wanted(env, os.environ):
         if env.rank == 0:
-            store_host.start(store_server.listen(env.master_port, "slurmdist run on rank 0"), env.world_size,
-                             init_timeout(args.timeout, os.environ))
+            listener = store_server.listen(env.master_port, "slurmdist run on rank 0",
+                                           store_server.ipv6_clients(env.master_addr))
+            store_host.start(listener, env.world_size, init_timeout(args.timeout, os.environ))
         child_env[AGENT_STORE_VARIABLE] = "True"
         # Older torch releases read the agent's restart count next to that switch and fail without it.
         child_env.setdefault(RESTART_COUNT_VARIABLE, "0")

@@ -472,9 +472,18 @@ def wait_listening(
             raise RendezvousError(
                 f"nothing listens at the rendezvous store {hostport(host, port)} after {deadline.seconds:.0f} s "
                 f"(world size {world_size}, last error: {last}): rank 0 has not started, crashed before "
-                "slurmdist.init(), or MASTER_ADDR/MASTER_PORT point elsewhere"
+                f"slurmdist.init(), or MASTER_ADDR/MASTER_PORT point elsewhere{_ipv6_only_hint(candidates)}"
             )
         time.sleep(min(next(pauses), deadline.remaining()))
+
+
+def _ipv6_only_hint(candidates: Sequence[str]) -> str:
+    """For a master name with IPv6 addresses only: rank 0 listens on IPv4 for a name, unless its own host routes
+    no IPv4 (store_server.ipv6_clients)."""
+    if not candidates or not all(is_ipv6(candidate) for candidate in candidates):
+        return ""
+    return (f". The master resolves to IPv6 addresses only ({', '.join(candidates)}), and rank 0 serves a master "
+            "name over IPv4 where its node routes IPv4: set MASTER_ADDR to rank 0's IPv6 address")
 
 
 def open_store(
@@ -487,16 +496,19 @@ def open_store(
     serve: bool = False,
     candidates: Sequence[str] = (),
     agent_serves: bool = False,
+    master_addr: Optional[str] = None,
 ) -> Tuple[Any, Optional[str]]:
     """A TCPStore at host:port: served here when `serve` (rank 0, port 0 = kernel's choice), else joined.
     Also returns the address a joined store answered at (None when served here); `candidates` are the
     addresses `host` resolved to, when the caller has them. `agent_serves`: the port is an agent's
-    (torchrun's, or slurmdist run's store host), which no other program can hold."""
+    (torchrun's, or slurmdist run's store host), which no other program can hold. `master_addr`: where the
+    other ranks dial a store served here (`host` may be loopback), which decides its address family."""
     host = strip_brackets(host)
     where = hostport(host, port)
     if serve:
+        ipv6 = store_server.ipv6_clients(master_addr or host)
         try:
-            return store_server.serve_here(port, deadline.remaining()), None
+            return store_server.serve_here(port, deadline.remaining(), ipv6=ipv6), None
         except RuntimeError as exc:
             raise RendezvousError(f"rank 0 cannot host the rendezvous store at {where}: {exc}") from None
     # Polled even under an agent: slurmdist run's store host listens from rank 0's task, which srun starts
@@ -939,7 +951,7 @@ def open_meeting(
     while True:
         store, peer = open_store(
             host, env.master_port, env.rank, env.world_size, deadline, serve=serve, candidates=candidates,
-            agent_serves=not rank0_serves,
+            agent_serves=not rank0_serves, master_addr=env.master_addr,
         )
         try:
             # One read: the attempt, the first rank's world size and, joining rank 0's store, rank 0's presence.

@@ -3,6 +3,12 @@
 Listening first, in Python (microseconds), and handing the socket to the TCPStore (milliseconds to start its
 threads) lets the other ranks connect while the store starts: their connections wait in the backlog instead
 of being refused and retried. Both rank 0 inside `init()` and `slurmdist run`'s store host serve this way.
+
+The socket is IPv4 unless the ranks may dial over IPv6 (see `ipv6_clients`): torch's server looks up the name
+of every client it accepts, and on a dual-stack socket an IPv4 client is `::ffff:a.b.c.d`, a form glibc never
+finds in /etc/hosts. Every connection then cost a DNS query inside the server's one event loop (8 queries for
+a 4-rank start on one node, seen with strace), each holding up every rank's join, and a query the name server
+drops holds them for the resolver's 5 s timeout. An IPv4 client's address is answered from /etc/hosts.
 """
 
 from __future__ import annotations
@@ -15,6 +21,10 @@ from typing import Any, Optional, Tuple
 
 from .distenv import LOOPBACK
 from .errors import RendezvousError
+from .interfaces import ip_of, source_address
+
+# Where a UDP socket is "connected" to learn whether this host routes IPv4 at all (RFC 5737: nothing is sent).
+IPV4_ROUTE_PROBE = "192.0.2.1"
 
 
 def port_in_use(port: int, where: str, who: str = "rank 0") -> RendezvousError:
@@ -24,12 +34,22 @@ def port_in_use(port: int, where: str, who: str = "rank 0") -> RendezvousError:
     )
 
 
-def listen(port: int, who: str = "rank 0") -> socket.socket:
-    """A socket listening on `port` (0: the kernel's choice) on every interface (IPv6 and IPv4 where the host
-    has both, else IPv4), as torch's own store server would; a `RendezvousError` naming the port when another
-    process holds it or it cannot be listened on. `who` says which process failed, in that message."""
+def ipv6_clients(master_addr: Optional[str]) -> bool:
+    """Whether ranks may dial the store at `master_addr` over IPv6: an IPv6 address, or a name on a host with
+    no IPv4 route (an IPv6-only network). A name elsewhere is dialled at its IPv4 address: each rank tries all
+    the addresses it resolves to, so one with IPv6 addresses too still finds the IPv4 socket."""
+    address = ip_of(master_addr.strip("[]")) if master_addr else None
+    if address is not None:
+        return address.version == 6
+    return source_address(IPV4_ROUTE_PROBE) is None
+
+
+def listen(port: int, who: str = "rank 0", ipv6: bool = False) -> socket.socket:
+    """A socket listening on `port` (0: the kernel's choice) on every interface: IPv4, or with `ipv6` IPv6 and
+    IPv4 where the host has both (as torch's own store server would); a `RendezvousError` naming the port when
+    another process holds it or it cannot be listened on. `who` says which process failed, in that message."""
     try:
-        if socket.has_dualstack_ipv6():
+        if ipv6 and socket.has_dualstack_ipv6():
             try:
                 return socket.create_server(("", port), family=socket.AF_INET6, dualstack_ipv6=True,
                                             backlog=socket.SOMAXCONN)
@@ -69,12 +89,12 @@ def serve(dist: Any, fd: int, port: int, world_size: Optional[int], timeout: flo
         return serve_with(master_listen_fd=fd, use_libuv=False)
 
 
-def serve_here(port: int, timeout: float, who: str = "rank 0") -> Any:
-    """Listen on `port` and serve a TCPStore there, in this process (the store's `.port` says which port
-    when `port` is 0)."""
+def serve_here(port: int, timeout: float, who: str = "rank 0", ipv6: bool = False) -> Any:
+    """Listen on `port` (over IPv6 too with `ipv6`) and serve a TCPStore there, in this process (the store's
+    `.port` says which port when `port` is 0)."""
     import torch.distributed as dist
 
-    listener = listen(port, who)
+    listener = listen(port, who, ipv6)
     bound = listener.getsockname()[1]
     identity = _identity(listener.fileno())
     try:

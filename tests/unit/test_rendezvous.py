@@ -17,7 +17,7 @@ from slurmdist.launchers.slurm import hostfile_first_host
 from slurmdist.rendezvous import (
     Deadline, Keys, addresses, compress_ranks, connect, current_keys, hostfile_master, hostport, init_timeout,
     mpi_comm, names_this_host, rank0_keys, resolve_host, resolve_master, run_prefix, state_key,
-    store_stopped_answering, strip_brackets, wait_listening,
+    open_store, store_stopped_answering, strip_brackets, wait_listening,
 )
 from tests.conftest import load_case, missing_prerequisite, unresolved
 
@@ -526,6 +526,21 @@ def test_a_rank_whose_agent_went_away_as_it_joined_says_so():
                                                   rf"at 127.0.0.1:{port} \(world size 2\).*has just exited"):
             connect(env_of(1, 2, port), Deadline(5), AGENT_ENVIRON)
         assert time.monotonic() - started < 15
+
+
+def test_rank_0_serves_an_ipv6_master_to_ranks_that_dial_it_over_ipv6():
+    # Rank 0 takes the loopback shortcut on its own node; the others dial the IPv6 master address itself.
+    port = free_port()
+    served, _ = open_store("127.0.0.1", port, 0, 2, Deadline(10), serve=True, master_addr="::1")
+    joined, peer = open_store("::1", port, 1, 2, Deadline(10), candidates=["::1"])
+    joined.set("from", "rank 1")
+    assert peer == "::1" and served.get("from") == b"rank 1"
+
+
+def test_a_master_with_ipv6_addresses_only_is_told_how_to_reach_rank_0_over_ipv6():
+    with pytest.raises(RendezvousError, match=r"resolves to IPv6 addresses only \(::1\).*set MASTER_ADDR to rank "
+                                              r"0's IPv6 address"):
+        wait_listening("node1", free_port(), Deadline(0.2), 2, ["::1"])
 
 
 def test_rank_0_never_started():

@@ -10,7 +10,7 @@ from datetime import timedelta
 
 import pytest
 
-from slurmdist import store_server
+from slurmdist import interfaces, store_server
 from slurmdist.errors import RendezvousError
 
 
@@ -160,3 +160,44 @@ def test_serving_here_on_port_0_takes_the_kernels_choice():
     assert store.port > 0
     store.set("k", "v")
     assert store.get("k") == b"v"
+
+
+@pytest.mark.parametrize("master, over_ipv6", [
+    ("10.0.0.1", False), ("127.0.0.1", False), ("::1", True), ("[fd00::2]", True), ("fe80::1%eth0", True),
+])
+def test_the_master_address_decides_whether_ranks_dial_over_ipv6(master, over_ipv6):
+    assert store_server.ipv6_clients(master) is over_ipv6
+
+
+def test_a_master_name_is_dialled_over_ipv4_where_this_host_routes_ipv4():
+    assert interfaces.source_address(store_server.IPV4_ROUTE_PROBE) is not None  # this machine routes IPv4
+    assert store_server.ipv6_clients("node1") is False
+
+
+def test_a_master_name_on_a_host_without_ipv4_routes_is_served_over_ipv6_too(monkeypatch):
+    # An IPv6-only network: the UDP probe finds no IPv4 route.
+    monkeypatch.setattr(store_server, "source_address", lambda destination: None)
+    assert store_server.ipv6_clients("node1") is True
+
+
+def test_an_ipv4_socket_sees_its_clients_as_plain_ipv4_addresses():
+    # torch's server looks up every accepted client's name: '::ffff:127.0.0.1', what a dual-stack socket sees,
+    # is never found in /etc/hosts and becomes a DNS query; '127.0.0.1' is answered from the file.
+    with store_server.listen(0) as listener:
+        assert listener.family == socket.AF_INET
+        with socket.create_connection(("127.0.0.1", listener.getsockname()[1]), timeout=5):
+            accepted, peer = listener.accept()
+            accepted.close()
+    assert peer[0] == "127.0.0.1"
+    name, _ = socket.getnameinfo(peer, socket.NI_NAMEREQD)  # /etc/hosts names loopback: no DNS query
+    assert name
+
+
+def test_an_ipv6_master_gets_a_socket_ipv6_and_ipv4_ranks_reach():
+    assert socket.has_dualstack_ipv6(), "this machine's kernel has IPv6 (the CI machine's does)"
+    with store_server.listen(0, ipv6=True) as listener:
+        assert listener.family == socket.AF_INET6
+        port = listener.getsockname()[1]
+        for address in ("::1", "127.0.0.1"):
+            with socket.create_connection((address, port), timeout=5):
+                listener.accept()[0].close()
