@@ -109,19 +109,20 @@ def source_address(destination: str) -> Optional[str]:
         return None
 
 
-def ipv4_addresses() -> Iterator[Tuple[str, bytes]]:
-    """(interface, its first IPv4 address, packed), asked of the kernel one interface at a time. The first
-    address is the one gloo itself binds when given the interface name. Linux only (Slurm's platform)."""
+def ipv4_addresses(names: Optional[Iterable[str]] = None) -> Iterator[Tuple[str, bytes]]:
+    """(interface, its first IPv4 address, packed), asked of the kernel one interface at a time (of `names`,
+    default all). The first address is the one gloo itself binds when given the interface name. Linux only
+    (Slurm's platform)."""
     if not sys.platform.startswith("linux"):
         return
     import fcntl
 
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        for name in interface_names():
+        for name in interface_names() if names is None else names:
             request = name.encode()[:15].ljust(40, b"\0")  # struct ifreq: 16-byte name, then the address
             try:
                 answer = fcntl.ioctl(sock.fileno(), _SIOCGIFADDR, request)
-            except OSError:  # no IPv4 address on this interface
+            except OSError:  # no IPv4 address on this interface, or no such interface
                 continue
             yield name, answer[20:24]  # sockaddr_in: family, port, then the address
 
@@ -161,8 +162,21 @@ def gloo_interface(reach: Optional[str], single_node: bool) -> Optional[str]:
     its own choice) when it is unknown or cannot be told.
     """
     if single_node:
-        return interface_towards(LOOPBACK)
+        return loopback_interface()
     return interface_towards(reach) if reach else None
+
+
+# What Linux calls its loopback interface; asked first, since every rank of a one-node group asks inside init().
+LOOPBACK_INTERFACE = "lo"
+
+
+def loopback_interface() -> Optional[str]:
+    """The interface holding 127.0.0.1: `lo` when it does (one question to the kernel), else the one the
+    route to 127.0.0.1 leaves by (a system that renamed it). Every rank of a one-node group asks, on cores its
+    peers keep busy, and the route and the scan of every interface cost several times the one question."""
+    with contextlib.closing(ipv4_addresses([LOOPBACK_INTERFACE])) as pairs:
+        found = interface_holding(LOOPBACK, pairs)
+    return found or interface_towards(LOOPBACK)
 
 
 def gloo_interface_for_command(master_address: Optional[str], single_node: bool, own_name: bool) -> Optional[str]:

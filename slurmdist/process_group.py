@@ -87,15 +87,10 @@ def init(
         if not _state["atexit"]:
             atexit.register(_shutdown_at_exit)
             _state["atexit"] = True
-        log.info(
-            "rank %d/%d ready in %.3f s: %s on %s, master %s",
-            env.rank,
-            env.world_size,
-            time.monotonic() - started,
-            env.backend,
-            env.device,
-            rendezvous.hostport(env.master_addr, env.master_port),
-        )
+        if log.isEnabledFor(logging.INFO):  # the endpoint's spelling parses the address: only when shown
+            log.info("rank %d/%d ready in %.3f s: %s on %s, master %s", env.rank, env.world_size,
+                     time.monotonic() - started, env.backend, env.device,
+                     rendezvous.hostport(env.master_addr, env.master_port))
         return env
 
 

@@ -83,6 +83,21 @@ def test_one_node_binds_loopback_and_several_need_an_address():
     assert interfaces.gloo_interface("127.0.0.12", single_node=False) == "lo"
 
 
+def test_a_renamed_loopback_interface_is_found_by_its_route(monkeypatch):
+    # No interface called lo holds 127.0.0.1 (a renamed loopback): the route to 127.0.0.1 says which does.
+    monkeypatch.setattr(interfaces, "LOOPBACK_INTERFACE", "no-such-interface")
+    asked = []
+    real_towards = interfaces.interface_towards
+    monkeypatch.setattr(interfaces, "interface_towards", lambda where: asked.append(where) or real_towards(where))
+    assert interfaces.gloo_interface(None, single_node=True) == "lo"
+    assert asked == ["127.0.0.1"]
+
+
+def test_one_node_asks_for_lo_alone(monkeypatch):
+    monkeypatch.setattr(interfaces, "interface_towards", lambda where: pytest.fail("the route was asked"))
+    assert interfaces.loopback_interface() == "lo"
+
+
 @pytest.mark.parametrize("reach, chosen", [
     ("fe80::1", None),  # a link-local master: its zone is this node's business, the interface cannot be told
     ("127.0.0.11", "lo"),  # the local cluster's node 1
