@@ -59,7 +59,9 @@ def bars(path: Path, groups: Sequence[str], values: Mapping[str, Sequence[Option
     if plt is None:
         return None
     colours = _colours(list(values))
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(groups) + 2), 4.2), dpi=110)
+    # Many tools: the legend goes beside the axes, where it cannot cover a group of bars.
+    beside = len(values) > 6
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(groups) + 2) + (3.5 if beside else 0), 4.2), dpi=110)
     width = 0.8 / max(1, len(values))
     for i, (label, ys) in enumerate(values.items()):
         xs = [g + i * width for g in range(len(groups))]
@@ -71,7 +73,10 @@ def bars(path: Path, groups: Sequence[str], values: Mapping[str, Sequence[Option
         ax.set_yscale("log")
     ax.set(title=title, ylabel=ylabel)
     ax.grid(True, axis="y", alpha=0.3)
-    ax.legend(fontsize=8)
+    if beside:
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    else:
+        ax.legend(fontsize=8)
     return _save(plt, fig, path)
 
 
