@@ -83,7 +83,7 @@ CASES = {
                                                  ["Connection closed by peer", "Connection reset", "timed out",
                                                   "Timed out"]),
     "rank 0 (store host) dies during the rendezvous": (
-        ["--fault", "die-in-rendezvous", "--victim", "0", "--at", "2", "--late", "3", "--delay", "4"], 0,
+        ["--fault", "die-in-rendezvous", "--victim", "0", "--at", "2", "--late", "3"], 0,
         INIT_TIMEOUT, ["lost the rendezvous store", "nothing listens"]),
     # torch's store client waits for a frozen store without bound; init()'s watchdog cuts it watchdog_grace(4)
     # after the timeout. A rank that joins after the freeze meets a store that does not answer its handshake.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import socket
 import sys
 import threading
@@ -334,13 +335,20 @@ def test_missing_ranks_are_named_on_every_present_rank():
         assert f"127.0.0.1:{port}" in str(exc)
 
 
+# Rank 0 first among the missing, maybe with a rank that checked in just after the report: '0', '0-1', '0,2'.
+MISSING_FROM_0 = r"0(?:[-,][\d,-]+)?"
+
+
 def test_a_store_the_others_met_at_without_rank_0_is_questioned(agent_store):
     # A leftover run's store on the port answers like ours: rank 0 could not listen and said so; the others
     # joined the stranger and waited for rank 0 there.
     port, _ = agent_store  # a store as a leftover run's rank 0 (or torchrun's agent) left it
     outcome, _ = meet(3, [1, 2], timeout=1, port=port)
     for exc in outcome.values():
-        assert "rank(s) 0 never arrived (if rank 0 said it cannot listen on this port" in str(exc)
+        # Ranks 1 and 2 wait for rank 0's state until the deadline, then check in and report: on busy cores
+        # the other one may not have checked in yet when the reporter looks, and is named missing too.
+        assert re.search(rf"rank\(s\) {MISSING_FROM_0} never arrived \(if rank 0 said it cannot listen on this port",
+                         str(exc)), str(exc)
         assert "set MASTER_PORT to a free port" in str(exc)
     # Under an agent rank 0 never listens: its absence is only that.
     import torch.distributed as dist
@@ -349,7 +357,8 @@ def test_a_store_the_others_met_at_without_rank_0_is_questioned(agent_store):
     agent = dist.TCPStore("127.0.0.1", port, None, True, timedelta(seconds=60), wait_for_workers=False)
     outcome, _ = meet(3, [1, 2], timeout=1, port=port, environ=AGENT_ENVIRON)
     for exc in outcome.values():
-        assert "rank(s) 0 never arrived" in str(exc) and "cannot listen" not in str(exc)
+        assert re.search(rf"rank\(s\) {MISSING_FROM_0} never arrived", str(exc)), str(exc)
+        assert "cannot listen" not in str(exc)
     del agent  # served until here
 
 

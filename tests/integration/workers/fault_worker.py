@@ -96,8 +96,9 @@ def main() -> int:
         return 0
     if victim and args.fault == "freeze-in-rendezvous":
         kill_once_others_reported(args.out, me.world_size, me.rank, args.linger)
-    if me.rank == args.late and args.fault == "freeze-in-rendezvous":
-        wait_until((args.out / "fault.json").exists, args.linger)  # join a store that is frozen already
+    if me.rank == args.late and args.fault in ("freeze-in-rendezvous", "die-in-rendezvous"):
+        # Join only once rank 0 is frozen or dead: it cannot meet everyone first, however the imports went.
+        wait_until((args.out / "fault.json").exists, args.linger)
     elif me.rank == args.late:
         time.sleep(args.delay)
 
