@@ -7,7 +7,8 @@ Ranks other than the victim run slurmdist.init() and then all_reduce steps until
 - never-start: never calls init (as if its node never launched it), and leaves once the others reported;
 - die: exits abruptly (os._exit) after init, at step --at;
 - hang: stops taking part in collectives at step --at (alive, silent), and leaves once the others reported;
-- die-in-rendezvous: rank 0 hosting the store dies --at seconds into init() (use with --late RANK);
+- die-in-rendezvous: rank 0 hosting the store dies --at seconds into init(), while it waits for the --late
+  rank (which starts init() only once rank 0 is dead);
 - freeze-in-rendezvous: rank 0 hosting the store stops itself (SIGSTOP, as Ctrl-Z or a debugger would) once
   every rank but the --late one checked in (which starts init() only then); a child forked beforehand kills
   it once the others reported.
@@ -74,8 +75,8 @@ def main() -> int:
     parser.add_argument("--fault", default="none")
     parser.add_argument("--victim", type=int, default=-1)
     parser.add_argument("--at", type=float, default=3, help="step (die, hang) or seconds (die-in-rendezvous)")
-    parser.add_argument("--late", type=int, default=-1, help="this rank starts init() --delay seconds late")
-    parser.add_argument("--delay", type=float, default=6.0)
+    parser.add_argument("--late", type=int, default=-1,
+                        help="this rank starts init() only after the victim's fault (the rendezvous faults)")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--linger", type=float, default=90.0)
     args = parser.parse_args()
@@ -96,11 +97,9 @@ def main() -> int:
         return 0
     if victim and args.fault == "freeze-in-rendezvous":
         kill_once_others_reported(args.out, me.world_size, me.rank, args.linger)
-    if me.rank == args.late and args.fault in ("freeze-in-rendezvous", "die-in-rendezvous"):
+    if me.rank == args.late:
         # Join only once rank 0 is frozen or dead: it cannot meet everyone first, however the imports went.
         wait_until((args.out / "fault.json").exists, args.linger)
-    elif me.rank == args.late:
-        time.sleep(args.delay)
 
     import torch
     import torch.distributed as dist
