@@ -63,12 +63,17 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--log-every", type=int, default=10, metavar="N", help="rank 0 logs every N steps")
     parser.add_argument("--backend", default="auto", help="slurmdist.init backend: auto, nccl, hccl, gloo, mpi")
+    parser.add_argument("--step-seconds", type=float, default=0.0, metavar="S",
+                        help="spend at least S seconds on each step, sleeping the rest: a short run that lasts long "
+                        "enough to try a preemption, requeue and resume by hand (the result is unchanged)")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch CPU threads per process when training on CPU (many ranks share few cores)")
     args = parser.parse_args(argv)
     for name in ("steps", "batch_size", "batches_per_epoch", "threads"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    if not args.step_seconds >= 0:  # also refuses nan
+        parser.error(f"--step-seconds must be 0 or more, not {args.step_seconds}")
     if args.requeue and not args.checkpoint:
         parser.error("--requeue needs --checkpoint: the requeued job resumes from it")
     return args
@@ -309,12 +314,14 @@ def train(args: argparse.Namespace, env: slurmdist.DistEnv, request: Request) ->
     inputs, targets = data.tensors
     started = time.monotonic()
     while state.step < args.steps:
+        step_started = time.monotonic()
         indices = step_indices(sampler, state.step, local_batch)
         loss = nn.functional.mse_loss(ddp(inputs[indices].to(env.device)), targets[indices].to(env.device))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
         state.step += 1
+        time.sleep(max(0.0, args.step_seconds - (time.monotonic() - step_started)))
         if state.step % args.log_every == 0 or state.step == args.steps:
             state.history.append(global_mean(loss, env.world_size))
             slurmdist.print0(f"step {state.step}/{args.steps}  loss {state.history[-1]:.6f}  "

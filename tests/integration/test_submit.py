@@ -25,7 +25,10 @@ PYTHON = sys.executable
 TIMEOUT = 150  # seconds any one job may take here, requeue included
 # Training that is still under way when a signal sent after its first log line lands. Slurm's preemption
 # (scheduling the urgent job) took about 3 s here: 200 steps, 0.6 s on a fast core, finished before it came.
-LONG_STEPS = 3000
+# Steps of at least 0.06 s make that margin time (18 s), whatever the cores' speed; plain steps did it with
+# 3000 of them, which the requeued run and the uninterrupted reference then had to train too (2 minutes).
+LONG_STEPS = 300
+SLOW_STEPS = ["--steps", str(LONG_STEPS), "--step-seconds", "0.06"]
 
 
 def _load(name: str, path: Path):
@@ -140,7 +143,7 @@ def test_preempted_job_checkpoints_requeues_and_resumes(cluster, example, refere
 
     steps = LONG_STEPS
     submitter = Submitter(nodes=2, tasks_per_node=2, time=5, folder=tmp_path / "%j")
-    job = submitter.submit(example.Train(["--steps", str(steps)], str(tmp_path / "ckpt.pt")))
+    job = submitter.submit(example.Train(SLOW_STEPS, str(tmp_path / "ckpt.pt")))
     wait_for_line(job.paths.stdout, rf"step \d+/{steps}")  # training is under way
     cluster.run(["scancel", "--signal=USR2", job.job_id])
     outcome = results(job, timeout=TIMEOUT)
@@ -160,7 +163,7 @@ def test_sigterm_without_a_warning_saves_a_checkpoint_and_ends_the_job(cluster, 
 
     steps, checkpoint = LONG_STEPS, tmp_path / "ckpt.pt"
     submitter = Submitter(nodes=2, tasks_per_node=1, time=5, folder=tmp_path / "%j")
-    job = submitter.submit(example.Train(["--steps", str(steps)], str(checkpoint)))
+    job = submitter.submit(example.Train(SLOW_STEPS, str(checkpoint)))
     wait_for_line(job.paths.stdout, rf"step \d+/{steps}")
     signalled = time.time()
     cluster.run(["scancel", "--signal=TERM", job.job_id])
@@ -178,7 +181,7 @@ def test_a_preempted_job_saves_on_sigterm_is_requeued_by_slurm_and_resumes(clust
 
     steps = LONG_STEPS
     submitter = Submitter(nodes=2, tasks_per_node=1, time=5, folder=tmp_path / "%j")
-    job = submitter.submit(example.Train(["--steps", str(steps)], str(tmp_path / "ckpt.pt")))
+    job = submitter.submit(example.Train(SLOW_STEPS, str(tmp_path / "ckpt.pt")))
     wait_for_line(job.paths.stdout, rf"step \d+/{steps}")
     cluster.run(["sbatch", "--partition=urgent", "--nodes=2", "--exclusive", f"--output={tmp_path / 'urgent.out'}",
                  "--wrap=sleep 1"])

@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -65,6 +66,21 @@ def test_resuming_from_a_checkpoint_gives_the_same_parameters(train, single, tmp
     assert resumed["steps"] == 6
     assert resumed["checksum"] == straight["checksum"]
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp files left behind
+
+
+def test_step_seconds_slows_the_run_down_and_changes_nothing_it_computes(train, single, tmp_path):
+    fast = run(train, tmp_path, "fast")
+    started = time.monotonic()
+    slow = run(train, tmp_path, "slow", "--step-seconds", "0.05")
+    assert time.monotonic() - started >= 6 * 0.05  # a lower bound the sleeps guarantee, not a speed
+    assert slow == fast
+
+
+@pytest.mark.parametrize("value", ["-1", "nan"])
+def test_step_seconds_must_not_be_negative(train, capsys, value):
+    with pytest.raises(SystemExit):
+        train.parse_args(["--step-seconds", value])
+    assert f"--step-seconds must be 0 or more, not {float(value)}" in capsys.readouterr().err
 
 
 def test_a_checkpoint_from_another_run_is_refused(train, single, tmp_path):
