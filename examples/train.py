@@ -72,8 +72,8 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     for name in ("steps", "batch_size", "batches_per_epoch", "threads"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
-    if not args.step_seconds >= 0:  # also refuses nan
-        parser.error(f"--step-seconds must be 0 or more, not {args.step_seconds}")
+    if not (math.isfinite(args.step_seconds) and args.step_seconds >= 0):
+        parser.error(f"--step-seconds must be a number of seconds, 0 or more, not {args.step_seconds}")
     if args.requeue and not args.checkpoint:
         parser.error("--requeue needs --checkpoint: the requeued job resumes from it")
     return args
