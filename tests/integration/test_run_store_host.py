@@ -26,8 +26,13 @@ import torch.distributed as dist
 addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
 children = [int(pid) for task in os.listdir("/proc/self/task")
             for pid in open(f"/proc/self/task/{task}/children").read().split()]
-hosts = [int(pid) for pid in os.listdir("/proc") if pid.isdigit()
-         and open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")[1:5:3] == [b"-m", str(port).encode()]]
+def argv(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+            return cmdline.read().split(b"\0")
+    except OSError:  # it ended between the listing and the read
+        return []
+hosts = [int(pid) for pid in os.listdir("/proc") if pid.isdigit() and argv(pid)[1:5:3] == [b"-m", str(port).encode()]]
 for pid in hosts:
     for sig in (signal.SIGUSR2, signal.SIGTERM, signal.SIGINT):
         os.kill(pid, sig)
