@@ -16,6 +16,8 @@ import torch.distributed as dist
 
 import slurmdist
 
+from exiting import exit_with  # a sibling module: the worker runs as a script from this directory
+
 
 def init_with_retries(backend: str) -> slurmdist.DistEnv:
     retries = int(os.environ.get("INIT_RETRIES", "0"))
@@ -70,4 +72,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_with(main())

@@ -12,6 +12,8 @@ import os
 import sys
 from pathlib import Path
 
+from exiting import exit_with  # a sibling module: the worker runs as a script from this directory
+
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "submit_train.py"
 
 
@@ -28,4 +30,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_with(main())

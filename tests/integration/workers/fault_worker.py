@@ -29,6 +29,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from exiting import exit_with  # a sibling module: the worker runs as a script from this directory
+
 STARTED = time.time()
 
 
@@ -143,4 +145,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_with(main())
