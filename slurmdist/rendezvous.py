@@ -610,7 +610,9 @@ def store_stopped_answering(env: DistEnv, deadline: Deadline) -> RendezvousError
         f"request to it was still unanswered {deadline.elapsed():.0f} s into the {deadline.seconds:.0f} s "
         "rendezvous, so this rank cut its connection. The process serving the store (rank 0, or torchrun's agent "
         "or slurmdist run's store host) is frozen (SIGSTOP, Ctrl-Z, a debugger), swapping, or cut off from this "
-        "node by the network: see its state (ps, its log) and the network between the nodes"
+        "node by the network: see its state (ps, its log) and the network between the nodes. Or another program "
+        "holds MASTER_PORT there and never answered as a store (slurmdist run on rank 0 then says it cannot "
+        "listen on the port): set MASTER_PORT to a free port"
     )
 
 

@@ -178,6 +178,8 @@ def test_master_port_taken_under_slurmdist_run(slurm_cluster, tmp_path, reliabil
     assert refused, said
     assert sorted(found) == [1, 2, 3], said
     assert all(r["outcome"] == "error" for r in found.values())
+    # The listener is the squatter, not a store host: each rank's error also names that cause and its fix.
+    assert all("set MASTER_PORT to a free port" in r["message"] for r in found.values()), found
     assert proc.returncode != 0 and detect < INIT_TIMEOUT + MARGIN
 
 

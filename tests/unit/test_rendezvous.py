@@ -367,7 +367,9 @@ def test_a_cut_store_is_named_by_the_address_dialled_when_the_launch_gave_none()
     deadline = Deadline(5)
     deadline.endpoints.add(("10.1.2.3", 10097))
     unknown = DistEnv("slurm", 1, 1, 4, 2, 0, 2, None, 10097, "7")
-    assert "the rendezvous store at 10.1.2.3:10097 stopped answering" in str(store_stopped_answering(unknown, deadline))
+    said = str(store_stopped_answering(unknown, deadline))
+    assert "the rendezvous store at 10.1.2.3:10097 stopped answering" in said
+    assert "another program holds MASTER_PORT" in said and "set MASTER_PORT to a free port" in said
 
 
 def test_a_rank_that_missed_a_failed_attempt_meets_the_retry_at_an_agents_store(agent_store):
