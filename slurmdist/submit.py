@@ -361,13 +361,19 @@ class _SignalRelay:
     checkpoint, and the task must not exit before it (submitit's own handler ignores SIGTERM and would report
     the run as the job's result). Under the LocalExecutor the warning and SIGTERM are passed on to the
     command's process group, which the controller does not signal (SIGINT is not: the controller's, or a
-    Ctrl-C, ends this task, and the command's group with it)."""
+    Ctrl-C, ends this task, and the command's group with it).
+
+    A SIGINT that comes while the command is being started is held until it has started (`started()`), then
+    delivered as it would have been: raised inside the fork, it would land in one of the interpreter's at-fork
+    hooks, which drop exceptions, and the task would wait for its command instead of ending it."""
 
     def __init__(self, local: bool) -> None:
         self.local = local
         self.child: Optional[subprocess.Popen] = None
         self.ended = False
         self._pending: List[int] = []  # signals to pass on that came while the command was being started
+        self._interrupt_handler: Any = None  # SIGINT's own handler, while SIGINT is held (None: it is not)
+        self._interrupted = False  # a SIGINT came while it was held
 
     def _pass_on(self, signum: int) -> None:
         if not self.local:
@@ -384,6 +390,21 @@ class _SignalRelay:
         pending, self._pending = self._pending, []
         for signum in pending:
             self._pass_on(signum)
+        self._release_interrupt()
+
+    def _hold_interrupt(self, signum: int, frame: Any) -> None:
+        self._interrupted = True
+
+    def _release_interrupt(self) -> None:
+        """Give SIGINT its own handler back, and deliver a held one to it (KeyboardInterrupt, by default)."""
+        import signal as signals
+
+        if self._interrupt_handler is None:
+            return
+        signals.signal(signals.SIGINT, self._interrupt_handler)
+        self._interrupt_handler = None
+        if self._interrupted:
+            signals.raise_signal(signals.SIGINT)
 
     def _on_term(self, signum: int, frame: Any) -> None:
         self.ended = True
@@ -396,11 +417,15 @@ class _SignalRelay:
         # Handlers, not SIG_IGN: exec resets handlers to the default, so the command still gets its signals.
         handlers = {warning: lambda signum, frame: self._pass_on(signum), signals.SIGTERM: self._on_term}
         previous = {number: signals.signal(number, handler) for number, handler in handlers.items()}
+        # Not held when it is the warning (passed on instead), nor when its handler is not Python's to give back.
+        if warning != signals.SIGINT and signals.getsignal(signals.SIGINT) is not None:
+            self._interrupt_handler = signals.signal(signals.SIGINT, self._hold_interrupt)
         try:
             yield self
         finally:
             for number, handler in previous.items():
                 signals.signal(number, handler)
+            self._release_interrupt()  # the command never started (it could not be run)
 
 
 PR_SET_PDEATHSIG = 1  # prctl(2)

@@ -272,6 +272,21 @@ def stop(task: subprocess.Popen, pid_file) -> None:
         os.kill(int(pid_file.read_text()), signal.SIGKILL)
 
 
+def test_a_sigint_while_the_command_starts_is_held_then_delivered_once_it_has_started():
+    # Raised during the fork, the KeyboardInterrupt would land in an at-fork hook of the interpreter (logging's
+    # lock release), which drops it: the task then waited for a command that ignores SIGINT (seen in CI).
+    from slurmdist.submit import _SignalRelay
+
+    relay = _SignalRelay(local=False)
+    child = subprocess.Popen(["true"])
+    child.wait()
+    with relay.installed(signal.SIGUSR2):
+        os.kill(os.getpid(), signal.SIGINT)  # handled before os.kill returns: held, nothing raised
+        with pytest.raises(KeyboardInterrupt):
+            relay.started(child)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
 @pytest.mark.parametrize("local", [True, False])
 def test_a_command_goes_with_its_task_when_the_task_is_interrupted(tmp_path, local):
     # The local controller stops a task (cancel, time limit) with SIGINT, then SIGKILL; a Ctrl-C does the first.
