@@ -36,7 +36,7 @@ def srun_launch(ranks: int, extra: Dict[str, str], worker: str, timeout: float) 
 
 def torchrun_launch(ranks: int, extra: Dict[str, str], worker: str, timeout: float) -> Tuple[float, str]:
     from slurmdist.hostlist import first
-    from slurmdist.rendezvous import resolve_host
+    from slurmdist.hosts import resolve_host
 
     nodes = _nodes(ranks)
     # What a careful user writes: the first node, by address if its name does not resolve (it does not on

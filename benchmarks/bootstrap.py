@@ -91,7 +91,7 @@ def srun_launch(ranks: int, extra: Dict[str, str], nodes: int = cluster.NODES,
 
 
 def node1_address() -> str:
-    from slurmdist.rendezvous import slurm_node_addr
+    from slurmdist.hosts import slurm_node_addr
 
     address = slurm_node_addr("node1", cluster.environ())
     if address is None:

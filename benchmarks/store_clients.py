@@ -33,7 +33,7 @@ def main() -> int:
     host, port, prefix = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     world, first, last, workers, connections = (int(x) for x in sys.argv[4:9])
     import torch.distributed as dist
-    from slurmdist import rendezvous
+    from slurmdist import bounds, rendezvous
     from slurmdist.distenv import DistEnv
     from slurmdist.errors import RendezvousError
 
@@ -61,7 +61,7 @@ def main() -> int:
         return DistEnv(launcher="slurm", rank=rank, local_rank=0, world_size=world, local_world_size=1,
                        node_rank=rank, num_nodes=world, master_addr=host, master_port=port, job_id="bench")
 
-    deadline = rendezvous.Deadline(300.0)
+    deadline = bounds.Deadline(300.0)
     barrier(control, f"{prefix}/b/ready", workers)
     start = time.perf_counter()
     meetings = []

@@ -139,7 +139,7 @@ def _gloo_interface(env: DistEnv) -> Optional[str]:
     import socket
 
     from . import interfaces
-    from .rendezvous import addresses, names_this_host
+    from .hosts import addresses, names_this_host
 
     if not interfaces.wanted(env.world_size, os.environ) or env.master_addr is None:
         return None
@@ -166,8 +166,9 @@ def command_variables(env: DistEnv) -> Dict[str, str]:
 
 def _run(args: argparse.Namespace) -> int:
     from . import store_host, store_server
+    from .bounds import init_timeout
     from .detection import detect
-    from .rendezvous import AGENT_STORE_VARIABLE, RESTART_COUNT_VARIABLE, init_timeout, resolve_master
+    from .rendezvous import AGENT_STORE_VARIABLE, RESTART_COUNT_VARIABLE, resolve_master
 
     command = list(args.command)
     if command and command[0] == "--":

@@ -39,7 +39,7 @@ def export_env(env: DistEnv, environ: Optional[MutableMapping[str, str]] = None)
     """
     target = os.environ if environ is None else environ
     if env.world_size == 1 and env.master_port is None:  # env:// wants a port even for one process
-        from .rendezvous import free_port
+        from .hosts import free_port
 
         env = env.replace(master_port=free_port())
     variables = torchrun_variables(env)

@@ -23,7 +23,7 @@ from typing import Any, Iterator, List, Mapping, Optional
 # hostlist: detect() reads a Slurm nodelist with it. Loaded with the rest of init()'s modules (when
 # `slurmdist.init` is first looked up), not inside init(), where each rank's half millisecond of loading
 # would hold up the whole group on busy cores.
-from . import backends, devices, hostlist, interfaces, rendezvous  # noqa: F401
+from . import backends, bounds, devices, hostlist, hosts, interfaces, rendezvous  # noqa: F401
 from .detection import detect, is_own_srun_task
 from .distenv import DistEnv
 from .errors import SlurmdistError
@@ -68,13 +68,13 @@ def init(
         environ = os.environ if environ is None else environ
         started = time.monotonic()
         handling = sys.exc_info()[1]  # the caller's own exception, if init() runs in an except block
-        seconds = rendezvous.init_timeout(timeout, environ)
+        seconds = bounds.init_timeout(timeout, environ)
         try:
             env = detect(environ)
             env = _choose_device(env, backend, device, environ)
             _check_gloo_interface(env, environ)
             # The bound starts with the rendezvous, not before the local choices (which import torch).
-            env = _start_group(env, rendezvous.Deadline(seconds), environ)
+            env = _start_group(env, bounds.Deadline(seconds), environ)
         except BaseException as exc:
             _forget_interface()
             _release_frames(exc, handling)
@@ -90,7 +90,7 @@ def init(
         if log.isEnabledFor(logging.INFO):  # the endpoint's spelling parses the address: only when shown
             log.info("rank %d/%d ready in %.3f s: %s on %s, master %s", env.rank, env.world_size,
                      time.monotonic() - started, env.backend, env.device,
-                     rendezvous.hostport(env.master_addr, env.master_port))
+                     hosts.hostport(env.master_addr, env.master_port))
         return env
 
 
@@ -117,7 +117,7 @@ def _check_gloo_interface(env: DistEnv, environ: Mapping[str, str]) -> None:
         interfaces.check_user_choice(chosen, interfaces.interface_names())
 
 
-def _start_group(env: DistEnv, deadline: rendezvous.Deadline, environ: Mapping[str, str]) -> DistEnv:
+def _start_group(env: DistEnv, deadline: bounds.Deadline, environ: Mapping[str, str]) -> DistEnv:
     import torch.distributed as dist
 
     collective = timedelta(seconds=_collective_timeout(environ))
@@ -149,7 +149,7 @@ def _start_group(env: DistEnv, deadline: rendezvous.Deadline, environ: Mapping[s
     return formed
 
 
-def _meet(env: DistEnv, deadline: rendezvous.Deadline, environ: Mapping[str, str], collective: timedelta) -> DistEnv:
+def _meet(env: DistEnv, deadline: bounds.Deadline, environ: Mapping[str, str], collective: timedelta) -> DistEnv:
     """Rendezvous at the store, then form the group on it."""
     meeting = rendezvous.connect(env, deadline, environ, _state["generation"])
     env = meeting.env
@@ -211,7 +211,7 @@ def _set_interface(name: str) -> None:
 
 
 def _init_group(
-    env: DistEnv, store: Any, prefix: str, collective: timedelta, deadline: Optional[rendezvous.Deadline] = None
+    env: DistEnv, store: Any, prefix: str, collective: timedelta, deadline: Optional[bounds.Deadline] = None
 ) -> None:
     """`init_process_group` on our store; with a `deadline`, connecting is bounded by it, then collectives
     get their own (longer) timeout."""
@@ -248,7 +248,7 @@ def _can_retime() -> bool:
 
 def _collective_timeout(environ: Mapping[str, str]) -> float:
     value = environ.get(COLLECTIVE_TIMEOUT_VARIABLE, DEFAULT_COLLECTIVE_TIMEOUT)
-    return rendezvous.positive_seconds(COLLECTIVE_TIMEOUT_VARIABLE, value, SlurmdistError)
+    return bounds.positive_seconds(COLLECTIVE_TIMEOUT_VARIABLE, value, SlurmdistError)
 
 
 def shutdown() -> None:

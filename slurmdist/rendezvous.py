@@ -1,4 +1,6 @@
-"""Master address and port, and the store every rank meets at, each bounded by one deadline.
+"""The meeting every rank holds at one store, within one deadline (`bounds`): rank 0 serves the store (or an
+agent does), the others join it at the master's address (found through `hosts`, or over MPI through
+`mpi_share`), and every rank checks in.
 
 Why not torch's env:// rendezvous: a rank that starts before rank 0's store listens sits in the TCPStore
 client's retry back-off (about 0.5 s per rank measured here), and a rank that never arrives shows up as a
@@ -11,33 +13,31 @@ every rank's arrival key once (linear in the world size).
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import ipaddress
 import logging
-import math
 import os
 import re
-import select
-import signal
 import socket
-import subprocess
 import sys
 import time
 from datetime import timedelta
-from typing import Any, Callable, Iterator, List, Mapping, NamedTuple, Optional, Sequence, Set, Tuple, Union
+from typing import Any, Iterator, List, Mapping, Optional, Sequence, Tuple
 
-from . import commands, slurm_conf, store_server
+from . import store_server
 from .background import call_with_timeout
+from .bounds import TIMEOUT_VARIABLE, Deadline, init_timeout, poll_pauses
 from .distenv import LOOPBACK, DistEnv
 from .errors import RendezvousError
-from .interfaces import default_route_source, ip_of, is_loopback
+from .hosts import (
+    free_port, hostfile_master, hostport, is_ipv6, lookup, lookup_failure, lookup_form, names_this_host, own_address,
+    resolve_addresses, resolve_host, strip_brackets,
+)
+from .interfaces import ip_of
 from .launchers import slurm
+from .mpi_share import mpi_broadcast, mpi_comm, require_mpi_launcher
 
 log = logging.getLogger("slurmdist")
 
-MPI_LAUNCHERS = ("openmpi", "pmi", "mvapich", "pals", "flux", "jsrun", "mpi4py")
-DEFAULT_TIMEOUT = 300.0
-TIMEOUT_VARIABLE = "SLURMDIST_INIT_TIMEOUT"
 # torch's switch for "an agent serves the store at MASTER_ADDR:MASTER_PORT": every rank, rank 0 too, joins it.
 # torchrun sets it, and so does `slurmdist run` when its store host serves the store.
 AGENT_STORE_VARIABLE = "TORCHELASTIC_USE_AGENT_STORE"
@@ -45,369 +45,14 @@ RESTART_COUNT_VARIABLE = "TORCHELASTIC_RESTART_COUNT"
 # A name lookup, Slurm's NodeAddr (`scontrol`) or a hostfile read: each answers in milliseconds or hangs
 # (a dead DNS server, an unreachable slurmctld, a stalled mount); past this it fails naming what hung.
 LOOKUP_BOUND = 10.0
-MPI_KILL_GRACE = 5.0  # seconds between the SIGTERM and the SIGKILL for a rank stuck in MPI_Init past its bound
 VERDICT_GRACE = 5.0  # how long a rank waits for another rank's timeout report before writing its own
 REPORT_SECONDS_PER_RANK = 0.002  # ... plus this per rank, which the report checks one by one on a busy store
-# Seconds between connection attempts to a store not yet listening: ranks usually start within a few ms of
-# rank 0, so the first retries are short (a refused connect costs microseconds).
-POLL_FIRST, POLL_MAX = 0.001, 0.05
 
 
 def verdict_grace(world_size: int) -> float:
     """How long a failed rendezvous waits for the rank that reports it: that rank checks every rank's arrival
     key, one store call each, so more ranks take longer."""
     return VERDICT_GRACE + REPORT_SECONDS_PER_RANK * world_size
-
-
-def poll_pauses() -> Iterator[float]:
-    """Seconds to sleep between polls: POLL_FIRST, doubling up to POLL_MAX."""
-    pause = POLL_FIRST
-    while True:
-        yield pause
-        pause = min(POLL_MAX, pause * 2)
-
-
-class Deadline:
-    """One absolute deadline shared by every wait of a rendezvous."""
-
-    def __init__(self, seconds: float) -> None:
-        self.seconds = seconds
-        self.start = time.monotonic()
-        self.end = self.start + seconds
-        # (IP, port) of every store this rendezvous joined: what the store watchdog cuts if a call to one
-        # outlives the deadline (see store_watchdog).
-        self.endpoints: Set[Tuple[str, int]] = set()
-
-    def elapsed(self) -> float:
-        """Seconds since the rendezvous began (past `seconds` when a step overran it)."""
-        return time.monotonic() - self.start
-
-    def remaining(self, floor: float = 0.001) -> float:
-        return max(floor, self.end - time.monotonic())
-
-    def at_most(self, seconds: float) -> float:
-        """`seconds`, or what is left when that is less: the bound of one step inside the rendezvous."""
-        return min(seconds, self.remaining())
-
-    def expired(self) -> bool:
-        return time.monotonic() >= self.end
-
-
-def init_timeout(timeout: Optional[float], environ: Mapping[str, str]) -> float:
-    """The rendezvous bound in seconds: the argument, else `SLURMDIST_INIT_TIMEOUT`, else 300."""
-    if timeout is not None:
-        return positive_seconds("timeout", timeout, RendezvousError)
-    return positive_seconds(TIMEOUT_VARIABLE, environ.get(TIMEOUT_VARIABLE, DEFAULT_TIMEOUT), RendezvousError)
-
-
-# A bound beyond this is a typo or `inf`, and torch's timedelta cannot hold much more (OverflowError).
-MAX_SECONDS = 365 * 24 * 3600.0
-
-
-def positive_seconds(source: str, value: Any, error: Callable[[str], Exception]) -> float:
-    """`value` (an argument or a variable's text) as a positive number of seconds; `error` names `source`."""
-    try:
-        seconds = float(value)
-    except (TypeError, ValueError):
-        raise error(f"{source}={value!r} is not a number of seconds") from None
-    if not 0 < seconds <= MAX_SECONDS:
-        raise error(f"{source}={value!r} must be a positive number of seconds, at most {MAX_SECONDS:.0f} "
-                    "(a year)")
-    return seconds
-
-
-# --- addresses ------------------------------------------------------------------------------------------
-
-
-def strip_brackets(host: str) -> str:
-    """'[::1]' -> '::1': torch's stores and sockets want bare IPv6 literals."""
-    return host[1:-1] if host.startswith("[") and host.endswith("]") else host
-
-
-def lookup_form(host: str) -> Union[str, bytes]:
-    """`host` as getaddrinfo takes it: ASCII names (all real host names) as bytes, because a str makes
-    Python load its idna codec first -- about 1 ms that every rank would pay inside init()."""
-    bare = strip_brackets(host)
-    return bare.encode("ascii") if bare.isascii() else bare
-
-
-def is_ipv6(host: str) -> bool:
-    return isinstance(ip_of(strip_brackets(host)), ipaddress.IPv6Address)
-
-
-def hostport(host: Optional[str], port: Optional[int]) -> str:
-    """'node1:29500', '[fe80::1]:29500': how an endpoint is shown and put in URLs."""
-    bare = strip_brackets(host or "?")
-    return f"[{bare}]:{port}" if is_ipv6(bare) else f"{bare}:{port}"
-
-
-class Lookup(NamedTuple):
-    """What a bounded name lookup found: the addresses (none when it found nothing), and, when the name
-    server did not give an answer, why (no answer in time, or a temporary failure): the name may be fine."""
-
-    found: List[str]
-    server_failed: Optional[str] = None
-
-
-def lookup(host: str, timeout: float = 10.0) -> Lookup:
-    """The IP addresses a name resolves to, within `timeout`. An IP address is its own answer: no lookup
-    thread for the common MASTER_ADDR=10.0.0.1."""
-    if ip_of(strip_brackets(host)) is not None:
-        return Lookup([strip_brackets(host)])
-    try:
-        infos = call_with_timeout(
-            lambda: socket.getaddrinfo(lookup_form(host), None, type=socket.SOCK_STREAM), timeout, "resolve"
-        )
-    except TimeoutError:
-        return Lookup([], f"took longer than {timeout:.1f} s")
-    except socket.gaierror as exc:
-        # EAI_AGAIN: the resolver gave up on its name servers (unreachable, or its own shorter timeout).
-        return Lookup([], f"failed ({exc.strerror})" if exc.errno == socket.EAI_AGAIN else None)
-    except (OSError, UnicodeError):
-        return Lookup([])
-    return Lookup(list(dict.fromkeys(info[4][0] for info in infos)))
-
-
-def lookup_failure(what: str, answer: Lookup) -> str:
-    """'<what> does not resolve', or, when the name server gave no answer, what happened to the lookup."""
-    if answer.server_failed is None:
-        return f"{what} does not resolve"
-    return f"the lookup of {what} {answer.server_failed}: its name server does not answer (check /etc/resolv.conf)"
-
-
-def addresses(host: str, timeout: float = 10.0) -> List[str]:
-    """`lookup(host, timeout).found`: empty when the name does not resolve in time."""
-    return lookup(host, timeout).found
-
-
-def slurm_node_addr(node: str, environ: Mapping[str, str], timeout: float = 10.0) -> Optional[str]:
-    """Slurm's NodeAddr for `node` (`scontrol show node NODE`), or None when Slurm cannot say."""
-    try:
-        done = commands.run(["scontrol", "-o", "show", "node", node], timeout, environ)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        log.debug("scontrol show node %s failed: %s", node, exc)
-        return None
-    match = re.search(r"(?:^|\s)NodeAddr=(\S+)", done.stdout)
-    if done.returncode != 0 or match is None:
-        log.debug("scontrol show node %s: rc=%s %s", node, done.returncode, done.stderr.strip())
-        return None
-    return match.group(1)
-
-
-def names_this_host(host: str, hostname: str) -> bool:
-    """True when `host` is this machine (its name, full or short, or loopback): reachable with no lookup."""
-    bare = strip_brackets(host).lower()
-    if bare in ("localhost", LOOPBACK, "::1"):
-        return True
-    own = hostname.lower()
-    own_short = own.split(".")[0]
-    # node1 and node1.cluster.example are one node when one name is the other's short form.
-    return bool(own) and (bare in (own, own_short) or (own == own_short and bare.split(".")[0] == own))
-
-
-def _conf_node_addr(node: str, environ: Mapping[str, str], timeout: float) -> Optional[str]:
-    """`slurm_conf.read_node_addr`, bounded: slurm.conf often lives on a shared file system that can stall."""
-    try:
-        return call_with_timeout(lambda: slurm_conf.read_node_addr(node, environ), timeout, "slurm.conf-read")
-    except TimeoutError:
-        log.warning("reading slurm.conf (%s) took longer than %.1f s; asking scontrol for %s's NodeAddr",
-                    environ.get("SLURM_CONF") or slurm_conf.DEFAULT_PATH, timeout, node)
-        return None
-
-
-def resolve_host(host: str, environ: Mapping[str, str], timeout: float = 10.0) -> str:
-    """A master host that resolves: the name itself, else Slurm's NodeAddr for it (from the node's slurm.conf
-    when it says so plainly, else `scontrol show node`), else a `RendezvousError`. `timeout` bounds it all."""
-    return resolve_addresses(host, environ, timeout)[0]
-
-
-def resolve_addresses(host: str, environ: Mapping[str, str], timeout: float = 10.0) -> Tuple[str, List[str]]:
-    """`resolve_host`, and the addresses the answer resolved to: whoever connects next needs no second lookup."""
-    bare = strip_brackets(host)
-    deadline = Deadline(timeout)
-    # The name lookup gets half of the bound at most: a name server that never answers must leave time to ask
-    # Slurm for the NodeAddr.
-    own = lookup(bare, deadline.at_most(timeout / 2))
-    if own.found:
-        return bare, own.found
-
-    def usable(node_addr: Optional[str]) -> List[str]:
-        if not node_addr or node_addr == bare:
-            return []
-        return addresses(node_addr, deadline.remaining())
-
-    conf_addr = _conf_node_addr(bare, environ, deadline.at_most(timeout / 4))
-    found = usable(conf_addr)
-    if found:
-        log.debug("master %s does not resolve; using its NodeAddr %s from slurm.conf", bare, conf_addr)
-        return strip_brackets(str(conf_addr)), found
-    node_addr = slurm_node_addr(bare, environ, deadline.remaining())
-    found = usable(node_addr)
-    if found:
-        log.debug("master %s does not resolve; using its Slurm NodeAddr %s", bare, node_addr)
-        return strip_brackets(str(node_addr)), found
-    failed = lookup_failure(f"master host {bare!r}", own)
-    if own.server_failed is None:
-        failed += " (DNS / /etc/hosts)"
-    raise RendezvousError(
-        f"{failed} and Slurm gave no usable NodeAddr for it "
-        f"(scontrol show node {bare}{' -> ' + node_addr if node_addr else ''}); set MASTER_ADDR to an IP "
-        "address or a name every node can resolve"
-    )
-
-
-def hostfile_master(environ: Mapping[str, str], timeout: float = 10.0) -> str:
-    """Task 0's node under `srun -m arbitrary`: the first host of SLURM_HOSTFILE (read here, at init time,
-    because detect() reads variables only). The read is bounded: the file may sit on a hung network mount."""
-    path = environ.get(slurm.HOSTFILE_VARIABLE)
-    if not path:
-        raise RendezvousError(
-            f"srun -m arbitrary ({slurm.DISTRIBUTION_VARIABLE}={environ.get(slurm.DISTRIBUTION_VARIABLE)!r}) "
-            f"but {slurm.HOSTFILE_VARIABLE} is not set: the layout came from an `srun -w` list, which reaches the "
-            "tasks only sorted, so the node of task 0 (the rendezvous master) is unknown. Set MASTER_ADDR to "
-            f"task 0's node (the first host of the -w list), or give the layout in {slurm.HOSTFILE_VARIABLE}"
-        )
-
-    def head() -> str:
-        with open(path, encoding="utf-8", errors="replace") as file:
-            return file.read(1 << 20)  # task 0 is on the first line that names a host
-
-    try:
-        text = call_with_timeout(head, timeout, "hostfile")
-    except (OSError, TimeoutError) as exc:
-        raise RendezvousError(
-            f"srun -m arbitrary puts task 0 (the rendezvous master) on the first host of "
-            f"{slurm.HOSTFILE_VARIABLE}={path!r}, which this rank cannot read ({exc}); put the file where every "
-            "node can read it, or set MASTER_ADDR to task 0's node"
-        ) from None
-    return slurm.hostfile_first_host(text, path)
-
-
-def own_address(single_node: bool) -> str:
-    """An address of this host that other hosts can reach: the hostname's non-loopback IP, else the source
-    address of the default route; loopback only when every rank is on this node."""
-    name = socket.gethostname()
-    found = addresses(name, 5.0)
-    for address in found:
-        if not is_loopback(address):
-            return address
-    if single_node:
-        return LOOPBACK
-    return default_route_source() or name
-
-
-def free_port() -> int:
-    """A port nobody listens on right now (the kernel's choice): for the CLI, whose command will listen on
-    it, and for one process, which has no store to open on port 0. Launches of several ranks take the port
-    their launcher names or slurmdist.ports derives instead."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("", 0))
-        return sock.getsockname()[1]
-
-
-# --- MPI ------------------------------------------------------------------------------------------------
-
-
-def mpi_comm(env: DistEnv, environ: Mapping[str, str], timeout: float = DEFAULT_TIMEOUT) -> Any:
-    """COMM_WORLD, importing mpi4py only now. Open MPI's ofi transport costs ~1 s of MPI_Init and we only
-    broadcast a few bytes, so it is left out unless the user chose transports (`OMPI_MCA_btl`).
-
-    Importing mpi4py.MPI runs MPI_Init, which waits for every rank to call it, bounded by `timeout` (see
-    `_import_mpi`)."""
-    if "mpi4py.MPI" not in sys.modules and env.launcher == "openmpi" and "OMPI_MCA_btl" not in environ:
-        os.environ.setdefault("OMPI_MCA_btl", "^ofi")
-    try:
-        MPI = _import_mpi(timeout, (
-            f"slurmdist: MPI_Init did not complete within {timeout:.0f} s on rank {env.rank} (world size "
-            f"{env.world_size}): it waits for every rank of the launch, so some rank has not reached "
-            "slurmdist.init() (crashed, stuck before it, or never started: check the launcher's task count). "
-            f"Ending this process. Raise {TIMEOUT_VARIABLE} if the ranks are only slow, or set MASTER_ADDR and "
-            "MASTER_PORT to skip MPI\n"
-        ))
-    except ImportError as exc:
-        lacking = (
-            "spans several nodes and gives no master address"
-            if env.master_addr is None
-            else "gives no master port (on one node only Open MPI's does)"
-        )
-        raise RendezvousError(
-            f"the {env.launcher} launch {lacking}, so slurmdist needs mpi4py to share rank 0's address and "
-            f"port (pip install mpi4py against your MPI), or set MASTER_ADDR and MASTER_PORT yourself ({exc})"
-        ) from None
-    comm = MPI.COMM_WORLD
-    if comm.Get_size() != env.world_size or comm.Get_rank() != env.rank:
-        raise RendezvousError(
-            f"MPI says rank {comm.Get_rank()} of {comm.Get_size()} but the {env.launcher} variables say rank "
-            f"{env.rank} of {env.world_size}; mpi4py is linked against a different MPI than the launcher "
-            "(rebuild mpi4py with the launcher's mpicc)"
-        )
-    return comm
-
-
-def _import_mpi(timeout: float, message: str) -> Any:
-    """mpi4py.MPI, running MPI_Init on first import. MPI_Init holds the interpreter lock while it waits, so
-    no thread of this process can bound it: a watcher process forked just before prints `message` and ends
-    this process (SIGTERM, then SIGKILL: a Python handler cannot run inside MPI_Init) if it is still inside
-    after `timeout` seconds. ImportError when mpi4py is missing."""
-    if "mpi4py.MPI" in sys.modules:
-        return sys.modules["mpi4py.MPI"]
-    if importlib.util.find_spec("mpi4py") is None:  # before any fork
-        raise ImportError("No module named 'mpi4py'")
-    me = os.getpid()
-    done_reading, done_writing = os.pipe()
-    watcher = os.fork()
-    if watcher == 0:  # only os-level calls here: the parent may have had other threads
-        try:
-            os.close(done_writing)
-            if not readable_within(done_reading, timeout):
-                os.write(2, message.encode())
-                os.kill(me, signal.SIGTERM)
-                if not readable_within(done_reading, MPI_KILL_GRACE):
-                    os.kill(me, signal.SIGKILL)
-        finally:
-            os._exit(0)
-    os.close(done_reading)
-    try:
-        from mpi4py import MPI
-    finally:
-        os.close(done_writing)  # the watcher reads end-of-file and exits
-        os.waitpid(watcher, 0)
-    return MPI
-
-
-def readable_within(fd: int, seconds: Optional[float] = None) -> bool:
-    """True when `fd` turns readable (its writer closed it, the process a pidfd names ended) within `seconds`,
-    or ever when None. poll, not select: select refuses descriptors numbered 1024 or above, which a process
-    with many files open gets, and the wait was then silently gone."""
-    poller = select.poll()
-    poller.register(fd, select.POLLIN)
-    return bool(poller.poll(None if seconds is None else max(0, math.ceil(seconds * 1000))))
-
-
-def mpi_broadcast(comm: Any, text: Optional[str], deadline: Deadline, size: int = 512) -> str:
-    """Rank 0's `text` on every rank, via a non-blocking broadcast polled against the deadline."""
-    buffer = bytearray(size)
-    if text is not None:
-        data = text.encode()
-        buffer[: len(data)] = data
-    request = comm.Ibcast(buffer, root=0)
-    pauses = poll_pauses()
-    while not request.Test():
-        if deadline.expired():
-            raise RendezvousError(
-                f"rank 0 did not share its address over MPI within {deadline.seconds:.0f} s "
-                f"(world size {comm.Get_size()}): rank 0 has not reached slurmdist.init()"
-            )
-        time.sleep(next(pauses))
-    return bytes(buffer).rstrip(b"\0").decode()
-
-
-def require_mpi_launcher(env: DistEnv) -> None:
-    """Only MPI launchers can agree on a master over MPI; any other launch must say where rank 0 listens."""
-    if env.launcher not in MPI_LAUNCHERS:
-        raise RendezvousError(
-            f"the {env.launcher} launch gave no master address/port; set MASTER_ADDR and MASTER_PORT"
-        )
 
 
 def resolve_master(

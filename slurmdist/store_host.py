@@ -27,8 +27,9 @@ import time
 from typing import List, Mapping, Optional, Sequence, Tuple
 
 from . import store_server
+from .bounds import DEFAULT_TIMEOUT, readable_within
 from .distenv import DistEnv
-from .rendezvous import DEFAULT_TIMEOUT, agent_serves_store, readable_within
+from .rendezvous import agent_serves_store
 
 PID_POLL = 0.2  # seconds between checks that the command is still running, where there is no pidfd
 LEFT_TO_THE_COMMAND = ("SIGINT", "SIGTERM", "SIGHUP", "SIGUSR1", "SIGUSR2")

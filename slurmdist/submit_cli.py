@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from .errors import SlurmdistError
-from .rendezvous import positive_seconds
+from .bounds import positive_seconds
 
 WAIT_TIMEOUT_DEFAULT = 86400.0  # seconds --wait follows a job when --timeout is not given
 EXIT_FAILED = 1

@@ -134,7 +134,7 @@ def test_mpirun_shares_the_port_over_mpi4py(world):
 
 def test_slurm_conf_and_scontrol_agree_on_every_nodes_address(slurm_cluster):
     # init() asks the node's slurm.conf first and scontrol only when the file does not say it plainly.
-    from slurmdist.rendezvous import slurm_node_addr
+    from slurmdist.hosts import slurm_node_addr
     from slurmdist.slurm_conf import read_node_addr
 
     environ = client_environ(slurm_cluster.env)

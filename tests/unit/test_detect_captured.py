@@ -15,7 +15,7 @@ from typing import Dict, List, Tuple
 import pytest
 
 from slurmdist import DistEnv, LaunchError, RendezvousError, detect, hostlist
-from slurmdist.rendezvous import hostfile_master
+from slurmdist.hosts import hostfile_master
 from tests.conftest import FIXTURES, load_case
 
 ALL_SLURM = sorted(p.name for p in (FIXTURES / "slurm").iterdir() if p.is_dir())

@@ -15,10 +15,12 @@ from slurmdist.detection import detect
 from slurmdist.distenv import DistEnv
 from slurmdist.errors import LaunchError, RendezvousError
 from slurmdist.launchers.slurm import hostfile_first_host
+from slurmdist.bounds import Deadline, init_timeout
+from slurmdist.hosts import addresses, hostfile_master, hostport, names_this_host, resolve_host, strip_brackets
+from slurmdist.mpi_share import mpi_comm
 from slurmdist.rendezvous import (
-    Deadline, Keys, addresses, compress_ranks, connect, current_keys, hostfile_master, hostport, init_timeout,
-    mpi_comm, names_this_host, rank0_keys, resolve_host, resolve_master, run_prefix, state_key,
-    open_store, store_stopped_answering, strip_brackets, wait_listening,
+    Keys, compress_ranks, connect, current_keys, open_store, rank0_keys, resolve_master, run_prefix, state_key,
+    store_stopped_answering, wait_listening,
 )
 from tests.conftest import load_case, missing_prerequisite, unresolved
 
@@ -672,11 +674,11 @@ def test_a_name_server_that_gives_up_is_told_apart_from_an_unknown_name(monkeypa
 STUCK_MPI_INIT = "import time\ntime.sleep(60)  # an MPI_Init waiting for a rank that never comes\n"
 MANY_FILES_THEN_MPI = """
 import os, resource
-from slurmdist import rendezvous
+from slurmdist import mpi_share
 soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
 resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 2048), hard))
 opened = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]  # the watcher's pipe then lands above 1023
-rendezvous._import_mpi(1.0, "MPI_Init bound hit\\n")
+mpi_share._import_mpi(1.0, "MPI_Init bound hit\\n")
 """
 
 

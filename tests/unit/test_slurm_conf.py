@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from slurmdist.rendezvous import resolve_host
+from slurmdist.hosts import resolve_host
 from slurmdist.slurm_conf import node_addr, read_node_addr
 
 CONF = """\

@@ -1,0 +1,85 @@
+"""The bounds every rendezvous wait keeps: the init timeout (argument, `SLURMDIST_INIT_TIMEOUT`, default),
+one deadline shared by all the steps of a rendezvous, short polls, and a wait on a descriptor that cannot
+outlive its bound."""
+
+from __future__ import annotations
+
+import math
+import select
+import time
+from typing import Any, Callable, Iterator, Mapping, Optional, Set, Tuple
+
+from .errors import RendezvousError
+
+DEFAULT_TIMEOUT = 300.0
+TIMEOUT_VARIABLE = "SLURMDIST_INIT_TIMEOUT"
+
+# Seconds between connection attempts to a store not yet listening: ranks usually start within a few ms of
+# rank 0, so the first retries are short (a refused connect costs microseconds).
+POLL_FIRST, POLL_MAX = 0.001, 0.05
+
+
+def poll_pauses() -> Iterator[float]:
+    """Seconds to sleep between polls: POLL_FIRST, doubling up to POLL_MAX."""
+    pause = POLL_FIRST
+    while True:
+        yield pause
+        pause = min(POLL_MAX, pause * 2)
+
+
+class Deadline:
+    """One absolute deadline shared by every wait of a rendezvous."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.start = time.monotonic()
+        self.end = self.start + seconds
+        # (IP, port) of every store this rendezvous joined: what the store watchdog cuts if a call to one
+        # outlives the deadline (see store_watchdog).
+        self.endpoints: Set[Tuple[str, int]] = set()
+
+    def elapsed(self) -> float:
+        """Seconds since the rendezvous began (past `seconds` when a step overran it)."""
+        return time.monotonic() - self.start
+
+    def remaining(self, floor: float = 0.001) -> float:
+        return max(floor, self.end - time.monotonic())
+
+    def at_most(self, seconds: float) -> float:
+        """`seconds`, or what is left when that is less: the bound of one step inside the rendezvous."""
+        return min(seconds, self.remaining())
+
+    def expired(self) -> bool:
+        return time.monotonic() >= self.end
+
+
+def init_timeout(timeout: Optional[float], environ: Mapping[str, str]) -> float:
+    """The rendezvous bound in seconds: the argument, else `SLURMDIST_INIT_TIMEOUT`, else 300."""
+    if timeout is not None:
+        return positive_seconds("timeout", timeout, RendezvousError)
+    return positive_seconds(TIMEOUT_VARIABLE, environ.get(TIMEOUT_VARIABLE, DEFAULT_TIMEOUT), RendezvousError)
+
+
+# A bound beyond this is a typo or `inf`, and torch's timedelta cannot hold much more (OverflowError).
+MAX_SECONDS = 365 * 24 * 3600.0
+
+
+def positive_seconds(source: str, value: Any, error: Callable[[str], Exception]) -> float:
+    """`value` (an argument or a variable's text) as a positive number of seconds; `error` names `source`."""
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        raise error(f"{source}={value!r} is not a number of seconds") from None
+    if not 0 < seconds <= MAX_SECONDS:
+        raise error(f"{source}={value!r} must be a positive number of seconds, at most {MAX_SECONDS:.0f} "
+                    "(a year)")
+    return seconds
+
+
+def readable_within(fd: int, seconds: Optional[float] = None) -> bool:
+    """True when `fd` turns readable (its writer closed it, the process a pidfd names ended) within `seconds`,
+    or ever when None. poll, not select: select refuses descriptors numbered 1024 or above, which a process
+    with many files open gets, and the wait was then silently gone."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(None if seconds is None else max(0, math.ceil(seconds * 1000))))
