@@ -275,7 +275,7 @@ def stop(task: subprocess.Popen, pid_file) -> None:
 def test_a_sigint_while_the_command_starts_is_held_then_delivered_once_it_has_started():
     # Raised during the fork, the KeyboardInterrupt would land in an at-fork hook of the interpreter (logging's
     # lock release), which drops it: the task then waited for a command that ignores SIGINT (seen in CI).
-    from slurmdist.submit import _SignalRelay
+    from slurmdist.task_command import _SignalRelay
 
     relay = _SignalRelay(local=False)
     child = subprocess.Popen(["true"])
