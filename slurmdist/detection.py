@@ -8,7 +8,7 @@ Precedence, first match wins:
    starts its daemons with srun, so its ranks carry the daemons' step variables)
 4. MPI launchers: Open MPI, MVAPICH2, Cray PALS, LSF jsrun, PMI (MPICH, Intel MPI, Hydra), Flux
 5. a Slurm job outside any step: the batch script with several tasks is an error, an salloc shell a warning
-6. a single process
+6. a single process, unless RANK or WORLD_SIZE say it is one of several (an incomplete env:// export: an error)
 """
 
 from __future__ import annotations
@@ -61,7 +61,9 @@ def detect(environ: Optional[Mapping[str, str]] = None) -> DistEnv:
         return step
     if launched_by_mpi is not None:
         return launched_by_mpi
-    return single(environ, job_id=slurm.check_outside_step(environ))
+    job_id = slurm.check_outside_step(environ)
+    torchrun.refuse_partial(environ)
+    return single(environ, job_id=job_id)
 
 
 def _unless_stale(env: DistEnv, environ: Mapping[str, str]) -> DistEnv:

@@ -16,6 +16,26 @@ def present(environ: Mapping[str, str]) -> bool:
     return "TORCHELASTIC_RUN_ID" in environ or all(name in environ for name in _CORE)
 
 
+def refuse_partial(environ: Mapping[str, str]) -> None:
+    """For a process no launcher describes: RANK or WORLD_SIZE without the rest of torchrun's variables that
+    says it is one of several processes (torch's own env:// contract, as Kubeflow's PyTorchJob exports it)
+    is an error. Taken as a single process, each such process would train alone as rank 0."""
+    rank = read_count(environ, "RANK")
+    world_size = read_count(environ, "WORLD_SIZE", minimum=1)
+    if not (world_size or 1) > 1 and not (rank or 0) > 0:
+        return
+    given = [f"{name}={environ[name]!r}" for name in _CORE if name in environ]
+    missing = [name for name in _CORE if name not in environ]
+    raise LaunchError(
+        f"{' and '.join(given)} {'is' if len(given) == 1 else 'are'} set, so this process is one of several, but "
+        f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} not, and no launcher slurmdist reads "
+        "(srun, torchrun, mpirun, ...) started it: its place in the job is unknown. Export RANK, WORLD_SIZE, "
+        "LOCAL_RANK and LOCAL_WORLD_SIZE (0 and 1 for one process per node or pod), start it with a launcher, "
+        f"or unset {' and '.join(name for name in _CORE if name in environ)}.",
+        missing[0],
+    )
+
+
 def read(environ: Mapping[str, str]) -> Optional[DistEnv]:
     if not present(environ):
         return None

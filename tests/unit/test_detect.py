@@ -407,6 +407,30 @@ def test_torchrun_without_local_world_size_asks_for_it():
         detect({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0"})
 
 
+@pytest.mark.parametrize("environ, missing", [
+    ({"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "10.1.2.3", "MASTER_PORT": "29500"}, "LOCAL_RANK"),  # env://
+    ({"WORLD_SIZE": "4"}, "RANK"),
+    ({"RANK": "3"}, "WORLD_SIZE"),
+])
+def test_an_incomplete_env_export_naming_several_processes_is_refused_not_run_alone(environ, missing):
+    # Taken as a single process, each of the job's processes would train alone as rank 0 of 1.
+    with pytest.raises(LaunchError, match=f"{missing} (is|and .* are) not, and no launcher") as raised:
+        detect(environ)
+    assert raised.value.variable == missing
+    assert "LOCAL_WORLD_SIZE" in str(raised.value)
+
+
+@pytest.mark.parametrize("environ", [{"RANK": "0", "WORLD_SIZE": "1"}, {"RANK": "0"}, {"WORLD_SIZE": "1"}])
+def test_an_export_naming_one_process_is_that_single_process(environ):
+    assert detect(environ).launcher == "single"
+
+
+def test_an_incomplete_export_inside_an_srun_step_leaves_the_step_to_srun():
+    task = load_case("slurm/srun_N4_n8")[1]
+    env = detect({**task, "RANK": task["SLURM_PROCID"], "WORLD_SIZE": task["SLURM_NTASKS"]})
+    assert (env.launcher, env.rank, env.world_size) == ("slurm", 1, 8)
+
+
 def test_pmi_without_local_rank_asks_for_the_launcher():
     with pytest.raises(LaunchError, match="MPI_LOCALNRANKS"):
         detect({"PMI_RANK": "0", "PMI_SIZE": "2"})
