@@ -24,6 +24,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         parser.print_usage(sys.stderr)
         print(f"{parser.prog}: error: a command is required", file=sys.stderr)
         return 2
+    if sys.stdout is None and args.handler is not _run:  # started with `>&-`: print() would drop every line
+        print(f"{parser.prog}: error: standard output is closed, so there is nowhere to write the result; "
+              "redirect it (to a file, or /dev/null to discard it)", file=sys.stderr)
+        return 1
     try:
         status = args.handler(args)
         sys.stdout.flush()  # here, where a failed write is reported below, not at exit as a traceback
@@ -175,6 +179,10 @@ def _run(args: argparse.Namespace) -> int:
         command = command[1:]
     if not command:
         raise SlurmdistError("slurmdist run needs a command: `slurmdist run -- python train.py ARGS...`")
+    if not command[0].strip():
+        raise SlurmdistError(f"slurmdist run: the command's name is empty ({command[0]!r}, then "
+                             f"{shlex.join(command[1:]) or 'nothing'}): a shell variable such as \"$PYTHON\" that is "
+                             "unset or empty in the job script? Give the program to run first")
     # Always resolved, not only when detect() left it open: the command's own env:// start (torch's TCPStore)
     # cannot fall back to Slurm's NodeAddr when node names are not in DNS, and would retry until its timeout.
     # Copied before resolve_master: over MPI it may set OMPI_MCA_btl for its own MPI_Init, which must not

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -163,6 +164,16 @@ def test_a_failed_write_is_one_line_of_error_not_a_traceback(args):
         proc = subprocess.run([sys.executable, "-m", "slurmdist", *args], stdout=full, stderr=subprocess.PIPE,
                               text=True, timeout=30, env=clean_environ())
     assert (proc.returncode, proc.stderr) == (1, "slurmdist: error: [Errno 28] No space left on device\n")
+
+
+@pytest.mark.parametrize("args", [("hostlist", "expand", "n[1-3]"), ("env", "--format", "json"),
+                                  ("sbatch", "--", "true")])
+def test_a_closed_stdout_is_one_line_of_error_before_any_work(args):
+    # `slurmdist ... >&-`: Python then has no sys.stdout at all.
+    proc = subprocess.run([sys.executable, "-m", "slurmdist", *args], stdout=None, stderr=subprocess.PIPE,
+                          text=True, timeout=30, env=clean_environ(), preexec_fn=lambda: os.close(1))
+    assert proc.returncode == 1
+    assert proc.stderr.startswith("slurmdist: error: standard output is closed") and "Traceback" not in proc.stderr
 
 
 def test_import_slurmdist_imports_no_heavy_modules():

@@ -37,7 +37,7 @@ NONSENSE: Dict[str, List[Tuple[List[str], str]]] = {
             (["env", "--rank", "3"], "usage:")],
     "run": [(["run"], "needs a command"), (["run", "--bogus"], "usage:"), (["run", "--timeout", "soon", "--", "true"],
             "usage:"), (["run", "--timeout", "-5", "--", "true"], "timeout"),
-            (["run", "--timeout", "nan", "--", "true"], "timeout")],
+            (["run", "--timeout", "nan", "--", "true"], "timeout"), (["run", "--", "", "train.py"], "name is empty")],
     "hostlist": [(["hostlist"], "usage:"), (["hostlist", "count"], "usage:"), (["hostlist", "shrink", "a"], "usage:"),
                  (["hostlist", "expand", "n["], "unterminated"), (["hostlist", "expand", "n[3-1]"], "descending"),
                  (["hostlist", "first", ""], "names no host"), (["hostlist", "compress", "a]"], "stray"),
