@@ -80,6 +80,19 @@ def print0(*args: Any, **kwargs: Any) -> None:
         print(*args, **kwargs)
 
 
+def level_number(value: Union[int, str], what: str = "others_level") -> int:
+    """A logging level as `logging` itself takes one (`logging.WARNING`, 30 or "WARNING"), as its number.
+    Checked when the filter or logger is made: compared at every record, a name would fail on the non-zero
+    ranks only, at their first log line."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        number = logging.getLevelName(value.strip().upper())  # a registered name gives its number
+        if isinstance(number, int):
+            return number
+    raise ValueError(f"{what}={value!r} is not a logging level: give one such as logging.WARNING, 30 or 'WARNING'")
+
+
 class RankFilter(logging.Filter):
     """Prefix records with `[rank R/W]` and, with `main_only=True`, drop non-zero ranks' records below
     `others_level` (warnings and errors from every rank still get through by default).
@@ -97,14 +110,14 @@ class RankFilter(logging.Filter):
         self,
         *,
         main_only: bool = False,
-        others_level: int = logging.WARNING,
+        others_level: Union[int, str] = logging.WARNING,
         prefix_message: bool = True,
         rank: Optional[int] = None,
         world_size: Optional[int] = None,
     ) -> None:
         super().__init__()
         self.main_only = main_only
-        self.others_level = others_level
+        self.others_level = level_number(others_level)
         self.prefix_message = prefix_message
         self._rank, self._world_size = rank, world_size
 
@@ -131,10 +144,11 @@ class RankAdapter(logging.LoggerAdapter):
     """A logger whose messages start with `[rank R/W]`; with `main_only`, non-zero ranks log only at
     `others_level` and above."""
 
-    def __init__(self, logger: logging.Logger, main_only: bool = False, others_level: int = logging.WARNING):
+    def __init__(self, logger: logging.Logger, main_only: bool = False,
+                 others_level: Union[int, str] = logging.WARNING):
         super().__init__(logger, {})
         self.main_only = main_only
-        self.others_level = others_level
+        self.others_level = level_number(others_level)
 
     def isEnabledFor(self, level: int) -> bool:
         if self.main_only and level < self.others_level and rank_and_size()[0] != 0:
@@ -170,7 +184,7 @@ def _fields_of(factory: Callable[..., logging.LogRecord]) -> FrozenSet[str]:
 
 
 def rank_logger(
-    name: Optional[str] = None, *, main_only: bool = False, others_level: int = logging.WARNING
+    name: Optional[str] = None, *, main_only: bool = False, others_level: Union[int, str] = logging.WARNING
 ) -> RankAdapter:
     """`log = slurmdist.rank_logger(__name__, main_only=True)`: rank-prefixed, quiet on non-zero ranks."""
     return RankAdapter(logging.getLogger(name), main_only=main_only, others_level=others_level)

@@ -63,6 +63,26 @@ def test_filter_prefixes_and_silences_other_ranks(as_rank):
     assert capture(RankFilter(main_only=True), emit) == ["[rank 0/4] step 5", "[rank 0/4] disk full"]
 
 
+@pytest.mark.parametrize("level", ["ERROR", "error", logging.ERROR, 40])
+def test_the_level_other_ranks_keep_may_be_named_as_logging_names_it(as_rank, level, caplog):
+    as_rank(2)
+    emit = lambda log: (log.warning("disk full"), log.error("gone"))  # noqa: E731
+    assert capture(RankFilter(main_only=True, others_level=level), emit) == ["[rank 2/4] gone"]
+    log = rank_logger("test_logs.named", main_only=True, others_level=level)
+    with caplog.at_level(logging.DEBUG, logger="test_logs.named"):
+        emit(log)
+    assert [r.getMessage() for r in caplog.records if r.name == "test_logs.named"] == ["[rank 2/4] gone"]
+
+
+@pytest.mark.parametrize("level", ["LOUD", "", None, 2.5, True])
+def test_a_level_logging_does_not_know_is_refused_when_made_not_at_a_log_line(as_rank, level):
+    as_rank(0)  # rank 0 never compares the level: the mistake must not wait for the other ranks to show
+    for make in (lambda: RankFilter(main_only=True, others_level=level),
+                 lambda: rank_logger("test_logs.bad", main_only=True, others_level=level)):
+        with pytest.raises(ValueError, match=f"others_level={level!r} is not a logging level"):
+            make()
+
+
 def test_filter_prefixes_once_with_two_handlers():
     records = []
     fixed = RankFilter(rank=1, world_size=2)
