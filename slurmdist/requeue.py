@@ -105,7 +105,8 @@ def parse_signal(spec: SignalSpec = None, environ: Optional[Mapping[str, str]] =
     else:
         text = str(spec).strip().upper()
         try:
-            sig = signal.Signals(int(text)) if text.isdigit() else signal.Signals[
+            number = whole_number(text)
+            sig = signal.Signals(number) if number is not None else signal.Signals[
                 text if text.startswith("SIG") else "SIG" + text]
         except (KeyError, ValueError):
             raise RequeueError(

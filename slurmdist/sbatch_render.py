@@ -29,9 +29,10 @@ DEVICES = ("gpu", "npu", "cpu")
 # account and job names and Slurm's filename patterns (%j, %x, %A, %a) use, and none of them is special to
 # sbatch's own #SBATCH parser (quotes, '#', whitespace) or to the shell.
 _NAME = re.compile(r"[A-Za-z0-9_.+-]+(,[A-Za-z0-9_.+-]+)*")
-_TIME = re.compile(r"\d+(-\d+)?(:\d+){0,2}|\d+-\d+(:\d+)?")
+# re.ASCII: \d alone also matches other scripts' digits ('٣'), which sbatch refuses.
+_TIME = re.compile(r"\d+(-\d+)?(:\d+){0,2}|\d+-\d+(:\d+)?", re.ASCII)
 _PATH = re.compile(r"[A-Za-z0-9_./%+-]+")
-_SIGNAL = re.compile(r"(R:)?[A-Z0-9]+(@\d+)?")  # not B:, which signals only the batch shell (it would die)
+_SIGNAL = re.compile(r"(R:)?[A-Z0-9]+(@\d+)?", re.ASCII)  # not B:, which signals only the batch shell (it would die)
 
 
 class SbatchError(SlurmdistError):
@@ -100,6 +101,8 @@ def validate(spec: JobSpec) -> JobSpec:
         raise SbatchError(f"--signal {spec.signal!r}: B: sends it to the batch shell only, which this script does "
                           "not trap: the job would die without a checkpoint. Drop the B: (every task gets it)")
     _check("signal", spec.signal or None, _SIGNAL, "Slurm's format: SIGNAL[@SECONDS], e.g. USR2@120")
+    if spec.signal:
+        _check_signal_name(spec.signal)
     if spec.signal and spec.launcher != "srun":
         raise SbatchError(f"--signal {spec.signal!r} with --launcher {spec.launcher}: {spec.launcher} does not "
                           "pass it on to the ranks and would die of it; use --launcher srun for a warning before "
@@ -136,6 +139,16 @@ def _check_signal_delay(spec: JobSpec) -> None:
                                    within=f"--time {spec.time}", time_name="--time", delay_name="the delay after @")
     if problem is not None:
         raise SbatchError(problem)
+
+
+def _check_signal_name(value: str) -> None:
+    """A signal the tasks can catch: the script tells the command to save and requeue when it comes."""
+    from .requeue import RequeueError, parse_signal
+
+    try:
+        parse_signal(_warning_of(value)[0])
+    except RequeueError as exc:
+        raise SbatchError(f"--signal {value!r}: {exc}") from None
 
 
 def _warning_of(signal: str) -> Tuple[str, int]:

@@ -87,8 +87,8 @@ MANAGED_OPTIONS = frozenset({
     "nodes", "ntasks", "ntasks-per-node", "gpus-per-node", "cpus-per-task", "time", "partition", "account",
     "mem", "job-name", "output", "error", "signal", "array", "open-mode", "wrap",
 })
-_OPTION_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_-]*$")
-_MEM = re.compile(r"^\d+[KMGT]?B?$", re.IGNORECASE)  # sbatch takes no fractions ("1.5G"): a number is converted
+_OPTION_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")  # fullmatch: '$' would also pass a trailing newline
+_MEM = re.compile(r"\d+[KMGT]?B?", re.IGNORECASE | re.ASCII)  # sbatch takes no fractions ("1.5G"): a number is converted
 
 
 class SubmitError(SlurmdistError):
@@ -150,7 +150,7 @@ def parse_mem(value: Union[int, float, str]) -> str:
             raise SubmitError(f"mem={value!r} must be positive")
         return f"{int(value)}G" if float(value).is_integer() else f"{math.ceil(value * 1024)}M"
     text = str(value).strip()
-    if not _MEM.match(text):
+    if not _MEM.fullmatch(text):
         raise SubmitError(f"mem={value!r} is not a Slurm memory size such as 32G or 500M (whole numbers; "
                           "mem=1.5 as a number is 1.5 GiB)")
     return text.upper()
@@ -218,7 +218,7 @@ class Resources:
 
 def _check_sbatch_options(options: Mapping[str, Any]) -> None:
     for key, value in options.items():
-        if not isinstance(key, str) or not _OPTION_NAME.match(key):
+        if not isinstance(key, str) or not _OPTION_NAME.fullmatch(key):
             raise SubmitError(f"sbatch option {key!r} is not an option name (letters, digits, '-' and '_')")
         name = key.replace("_", "-")
         if name in MANAGED_OPTIONS:

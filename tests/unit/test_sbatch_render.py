@@ -135,6 +135,8 @@ def test_torchrun_scripts_fall_back_to_the_head_nodes_name_when_scontrol_cannot_
     ("job_name", "`id`"), ("job_name", "'q'"), ("partition", "gpu;id"), ("account", "acc\nid"),
     ("time", "1:00:00; id"), ("time", "$(id)"), ("output", "logs/%j.out\nid"), ("output", "a b.out"),
     ("signal", "USR2@120 --wrap=id"),
+    # Digits of other scripts: Python's \d matches them, sbatch refuses them.
+    ("time", "\u0663:00:00"), ("signal", "USR2@\u0663"),
 ])
 def test_sbatch_line_values_outside_the_safe_pattern_are_refused(option, value):
     with pytest.raises(SbatchError, match=option.replace("_", "-")):
@@ -156,6 +158,10 @@ def test_cli_refuses_with_status_2_and_no_traceback(capsys, tmp_path):
     (["--launcher", "torchrun", "--", "python", "t.py"], "starts Python itself"),
     (["--launcher", "torchrun", "--tasks-per-node", "4", "--", "t.py"], "one srun task per node"),
     (["--signal", "B:USR2@120", "--", "python", "t.py"], "B: sends it to the batch shell only"),
+    # The script tells the command to save when the signal comes: one no task can catch, or no signal at all.
+    (["--signal", "KILL@60", "--", "python", "t.py"], "--signal 'KILL@60': .* cannot be caught"),
+    (["--signal", "R:9", "--", "python", "t.py"], "--signal 'R:9': .* cannot be caught"),
+    (["--signal", "FOO@60", "--", "python", "t.py"], "--signal 'FOO@60': .* not a signal name or number"),
     (["--launcher", "torchrun", "--signal", "USR2@60", "--", "t.py"], "torchrun does not pass it on"),
     (["--launcher", "mpirun", "--signal", "USR2@60", "--", "python", "t.py"], "mpirun does not pass it on"),
     (["--workers-per-node", "2", "--", "python", "t.py"], "--workers-per-node is for --launcher torchrun"),

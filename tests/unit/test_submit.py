@@ -83,6 +83,8 @@ def test_signal_is_configurable():
     ({"sbatch": {"output": "x"}}, "set by slurmdist"),
     ({"sbatch": {"ntasks_per_node": 3}}, "set by slurmdist"),
     ({"sbatch": {"bad key\n#SBATCH --x": "1"}}, "not an option name"),
+    ({"sbatch": {"qos\n": "x"}}, "not an option name"),  # '$' in a pattern also matches before a last newline
+    ({"mem": "\u0663\u0662G"}, "not a Slurm memory size"),
     ({"sbatch": {"comment": "two\nlines"}}, "one line"),
     ({"sbatch": {"exclusive": False}}, "exclusive=False: leave the option out"),  # sbatch refuses --exclusive=False
     ({"signal": "KILL"}, "cannot be caught"),

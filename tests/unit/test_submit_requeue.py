@@ -31,6 +31,8 @@ def test_signal_defaults_to_usr2_and_reads_the_environment():
 def test_unknown_signal_is_an_error():
     with pytest.raises(RequeueError, match="not a signal"):
         parse_signal("FOO")
+    with pytest.raises(RequeueError, match="not a signal"):  # int() reads the Arabic-Indic 3 as SIGQUIT
+        parse_signal("\u0663")
     with pytest.raises(RequeueError, match="SLURMDIST_REQUEUE_SIGNAL='USR3' is not a signal"):
         parse_signal(None, {"SLURMDIST_REQUEUE_SIGNAL": "USR3"})
 
