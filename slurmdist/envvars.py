@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import List, Mapping, Optional, Sequence, Tuple
 
-from .errors import LaunchError
+from .errors import LaunchError, quoted
 
 # torch stores ranks and sizes as 32-bit ints; anything larger is a corrupt variable, not a big job.
 MAX_COUNT = 2**31 - 1
@@ -42,16 +42,16 @@ def parse_count(name: str, raw: str, *, minimum: int = 0) -> int:
         else:
             problem = "is not a whole number"
         raise LaunchError(
-            f"{name}={raw!r} {problem}; expected an integer >= {minimum}. Fix or unset it (launchers set it "
+            f"{name}={quoted(raw)} {problem}; expected an integer >= {minimum}. Fix or unset it (launchers set it "
             "per process: a bad value usually comes from a hand-written export or an outer job).",
             name,
             raw,
         )
     value = whole_number(text)
     if value is None or value > MAX_COUNT:
-        raise LaunchError(f"{name}={raw!r} is too large (over {MAX_COUNT}); the variable is corrupt", name, raw)
+        raise LaunchError(f"{name}={quoted(raw)} is too large (over {MAX_COUNT}); the variable is corrupt", name, raw)
     if value < minimum:
-        raise LaunchError(f"{name}={raw!r} must be at least {minimum}", name, raw)
+        raise LaunchError(f"{name}={quoted(raw)} must be at least {minimum}", name, raw)
     return value
 
 
@@ -97,13 +97,13 @@ def parse_tasks_per_node(name: str, raw: str) -> List[int]:
         count_text, sep, repeat_text = item.partition("(x")
         if sep:
             if not repeat_text.endswith(")"):
-                raise LaunchError(f"{name}={raw!r}: {item!r} is not of the form COUNT(xREPEAT)", name, raw)
+                raise LaunchError(f"{name}={quoted(raw)}: {item!r} is not of the form COUNT(xREPEAT)", name, raw)
             repeat = _tasks_number(name, raw, repeat_text[:-1], minimum=1)
         else:
             repeat = 1
         count = _tasks_number(name, raw, count_text, minimum=0)
         if len(counts) + repeat > MAX_NODES:
-            raise LaunchError(f"{name}={raw!r} describes more than {MAX_NODES} nodes; the variable is corrupt",
+            raise LaunchError(f"{name}={quoted(raw)} describes more than {MAX_NODES} nodes; the variable is corrupt",
                               name, raw)
         counts.extend([count] * repeat)
     return counts
@@ -114,7 +114,7 @@ def _tasks_number(name: str, raw: str, text: str, *, minimum: int) -> int:
         return parse_count(name, text, minimum=minimum)
     except LaunchError:
         raise LaunchError(
-            f"{name}={raw!r} does not parse: {text!r} is not a count; expected a list such as '4(x2)' or '2,1'",
+            f"{name}={quoted(raw)} does not parse: {text!r} is not a count; expected a list such as '4(x2)' or '2,1'",
             name,
             raw,
         ) from None
@@ -138,7 +138,7 @@ def explicit_master(environ: Mapping[str, str]) -> Tuple[Optional[str], Optional
     port = read_count(environ, "MASTER_PORT", minimum=1)
     if port is not None and port > MAX_PORT:
         raise LaunchError(
-            f"MASTER_PORT={environ['MASTER_PORT']!r} is outside 1..{MAX_PORT}: set it to a free TCP port, or "
+            f"MASTER_PORT={quoted(environ['MASTER_PORT'])} is outside 1..{MAX_PORT}: set it to a free TCP port, or "
             "unset it and let slurmdist derive one",
             "MASTER_PORT",
             environ["MASTER_PORT"],

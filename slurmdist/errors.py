@@ -6,6 +6,16 @@ is usually looking at the log of a job that has already failed on a cluster.
 
 from __future__ import annotations
 
+QUOTE_MAX = 160  # characters of a value an error message quotes whole
+
+
+def quoted(text: str) -> str:
+    """`text` as an error message quotes it: whole when short; else its start and end, and its length, so a
+    100k-node list does not fill every rank's log with one message."""
+    if len(text) <= QUOTE_MAX:
+        return repr(text)
+    return f"{text[:QUOTE_MAX // 2]!r}...{text[-QUOTE_MAX // 4:]!r} ({len(text)} characters)"
+
 
 class SlurmdistError(Exception):
     """Base class of every error slurmdist raises on purpose."""

@@ -32,7 +32,7 @@ import re
 from typing import Dict, Iterable, Iterator, List, NoReturn, Optional, Tuple
 
 from slurmdist.envvars import whole_number
-from slurmdist.errors import HostlistError
+from slurmdist.errors import QUOTE_MAX, HostlistError, quoted
 
 __all__ = ["DEFAULT_LIMIT", "MAX_NAME_LENGTH", "compress", "count", "expand", "first"]
 
@@ -72,7 +72,6 @@ def _re(name: str) -> "re.Pattern[str]":
     return re.compile(_GRAMMAR[name])
 
 
-_QUOTE_MAX = 160
 
 # (low, high, width): one range of a bracket group.
 Range = Tuple[int, int, int]
@@ -81,19 +80,12 @@ Range = Tuple[int, int, int]
 # ---------------------------------------------------------------------------------------------- errors
 
 
-def _quote(text: str) -> str:
-    """The input as it appears in an error message, shortened so a 100k-node list does not flood a log."""
-    if len(text) <= _QUOTE_MAX:
-        return repr(text)
-    return f"{text[:_QUOTE_MAX // 2]!r}...{text[-_QUOTE_MAX // 4:]!r} ({len(text)} characters)"
-
-
 def _fail(text: str, pos: int, what: str) -> NoReturn:
     """Raise a HostlistError quoting the input and pointing at the offending position."""
     where = f"at position {pos}"
-    if len(text) > _QUOTE_MAX:
+    if len(text) > QUOTE_MAX:
         where += f" (near {text[max(0, pos - 20):pos + 20]!r})"
-    raise HostlistError(f"invalid Slurm hostlist {_quote(text)}: {what} {where}")
+    raise HostlistError(f"invalid Slurm hostlist {quoted(text)}: {what} {where}")
 
 
 def _diagnose_brackets(text: str) -> NoReturn:
@@ -217,7 +209,7 @@ def _items(text: str) -> Iterator[Tuple[int, str]]:
 def _too_many(text: str, limit: int) -> NoReturn:
     beyond_jobs = ", more than a job's nodelist holds" if limit >= DEFAULT_LIMIT else ""
     raise HostlistError(
-        f"Slurm hostlist {_quote(text)} expands to more than {limit} hosts{beyond_jobs}; if that many are "
+        f"Slurm hostlist {quoted(text)} expands to more than {limit} hosts{beyond_jobs}; if that many are "
         "really meant, pass a larger limit= to expand(), or --limit N to `slurmdist hostlist`"
     )
 
@@ -555,7 +547,7 @@ def first(text: str) -> str:
     match = _re("first").match(text)
     if match is None:
         if not text.strip(", \t\n"):
-            raise HostlistError(f"Slurm hostlist {_quote(text)} names no host")
+            raise HostlistError(f"Slurm hostlist {quoted(text)} names no host")
         # The scan stops at the first bracket error, which lies in or right after the first item.
         _diagnose_brackets(text)
     start, item = match.start(1), match.group(1)
@@ -598,7 +590,7 @@ def _check_host(host: str, ambiguous: "re.Pattern[str]") -> None:
         raise HostlistError(f"host name {host!r} is not a string")
     if not host or len(host) > MAX_NAME_LENGTH or ambiguous.search(host):
         raise HostlistError(
-            f"cannot put host name {_quote(host)} in a Slurm hostlist: names must be 1-{MAX_NAME_LENGTH} "
+            f"cannot put host name {quoted(host)} in a Slurm hostlist: names must be 1-{MAX_NAME_LENGTH} "
             "characters without commas, brackets or whitespace"
         )
 

@@ -6,7 +6,7 @@ from typing import Mapping, Optional
 
 from ..distenv import DistEnv
 from ..envvars import check_index, check_within, explicit_master, read_count, require_count, scheduler_job_id
-from ..errors import LaunchError
+from ..errors import LaunchError, quoted
 
 _CORE = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
 
@@ -24,7 +24,7 @@ def refuse_partial(environ: Mapping[str, str]) -> None:
     world_size = read_count(environ, "WORLD_SIZE", minimum=1)
     if not (world_size or 1) > 1 and not (rank or 0) > 0:
         return
-    given = [f"{name}={environ[name]!r}" for name in _CORE if name in environ]
+    given = [f"{name}={quoted(environ[name])}" for name in _CORE if name in environ]
     missing = [name for name in _CORE if name not in environ]
     raise LaunchError(
         f"{' and '.join(given)} {'is' if len(given) == 1 else 'are'} set, so this process is one of several, but "

@@ -467,3 +467,19 @@ def test_a_multi_task_batch_script_fails_fast_whatever_id_its_step_has(step_id):
 def test_the_extern_step_is_not_a_task_step(step_id):
     (task,) = load_case("slurm/srun_N2_tpn2")[:1]
     assert detect({**task, "SLURM_STEP_ID": step_id}).launcher != "slurm"
+
+
+@pytest.mark.parametrize("name, value, advice", [
+    ("SLURM_STEP_NODELIST", "nid[" + ",".join(f"{i:06d}" for i in range(0, 40000, 2)) + "]", "start the process with srun"),
+    ("SLURM_STEP_NODELIST", "nid[" + ",".join(f"{i:06d}" for i in range(0, 40000, 2)), "start the process with srun"),
+    ("SLURM_STEP_TASKS_PER_NODE", ",".join(["2"] * 30000), "start the process with srun"),  # too many nodes
+    ("SLURM_STEP_TASKS_PER_NODE", ",".join(["2"] * 30000) + ",x", "expected a list such as"),  # does not parse
+])
+def test_a_long_value_is_quoted_short_in_the_error_every_rank_logs(name, value, advice):
+    task = load_case("slurm/srun_N2_tpn2")[0]
+    with pytest.raises(LaunchError) as raised:
+        detect({**task, name: value})
+    message = str(raised.value)
+    assert name in message and f"({len(value)} characters)" in message and len(message) < 700, message
+    assert advice in message
+    assert raised.value.value == value  # the whole value stays on the exception
