@@ -132,9 +132,13 @@ def _shown(name: str, value: object, env: DistEnv) -> str:
     if value is not None:
         return str(value)
     if name in ("master_addr", "master_port") and env.world_size > 1:
+        from .mpi_share import MPI_LAUNCHERS
+
         if env.launcher == "slurm":
             return "- (srun -m arbitrary: init() reads it from SLURM_HOSTFILE)"
-        return "- (init() agrees on it over MPI)"
+        if env.launcher in MPI_LAUNCHERS:
+            return "- (init() agrees on it over MPI)"
+        return "- (not set: init() needs MASTER_ADDR and MASTER_PORT)"
     return "-"
 
 

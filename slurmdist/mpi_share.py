@@ -106,6 +106,13 @@ def mpi_broadcast(comm: Any, text: Optional[str], deadline: Deadline, size: int 
 
 def require_mpi_launcher(env: DistEnv) -> None:
     """Only MPI launchers can agree on a master over MPI; any other launch must say where rank 0 listens."""
+    if env.launcher == "torchrun":  # torchrun itself always exports both: these variables were written by hand
+        raise RendezvousError(
+            f"RANK={env.rank}, WORLD_SIZE={env.world_size} and LOCAL_RANK={env.local_rank} are set but MASTER_ADDR "
+            "and MASTER_PORT are not, so no rank knows where rank 0 listens: export them too (rank 0's host and a "
+            "free port), or, under srun, unset RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE and let slurmdist "
+            "read srun's own variables"
+        )
     if env.launcher not in MPI_LAUNCHERS:
         raise RendezvousError(
             f"the {env.launcher} launch gave no master address/port; set MASTER_ADDR and MASTER_PORT"

@@ -113,7 +113,7 @@ def _choose_device(env: DistEnv, backend: str, device: Any, environ: Mapping[str
 def _check_gloo_interface(env: DistEnv, environ: Mapping[str, str]) -> None:
     """A GLOO_SOCKET_IFNAME set by the user for a gloo group must name interfaces this host has."""
     chosen = interfaces.user_choice(environ, os.environ)
-    if chosen and env.world_size > 1 and "gloo" in str(env.backend):
+    if chosen and "gloo" in str(env.backend):  # a single process's gloo binds it too
         interfaces.check_user_choice(chosen, interfaces.interface_names())
 
 

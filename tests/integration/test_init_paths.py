@@ -124,6 +124,13 @@ def test_a_gloo_interface_this_host_lacks_fails_before_the_rendezvous():
     assert time.monotonic() - started < 60  # not the rendezvous timeout: no rank waited for another
 
 
+def test_a_single_process_is_told_of_a_gloo_interface_this_host_lacks_too():
+    # gloo binds the variable's interface in a group of one as well; unchecked, torch's enforce failure came out.
+    result = run([PYTHON, ALLREDUCE], {**clean_environ(), "GLOO_SOCKET_IFNAME": "no-such0"})
+    assert result.returncode != 0
+    assert "BackendError: GLOO_SOCKET_IFNAME='no-such0' names no network interface" in result.stderr, result.stderr
+
+
 @pytest.mark.parametrize("world", WORLDS)
 def test_mpirun_shares_the_port_over_mpi4py(world):
     env = clean_environ(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")

@@ -83,6 +83,14 @@ def test_a_store_host_name_that_does_not_resolve_fails_at_once_naming_it():
     assert time.monotonic() - started < 30  # a bound on a hang (one bounded lookup), not a timing claim
 
 
+def test_torchruns_variables_written_without_a_master_say_which_are_missing():
+    # torchrun itself always exports MASTER_ADDR/PORT: this is a hand-written export (often in a job script).
+    env = detect({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"})
+    with pytest.raises(RendezvousError, match="RANK=1, WORLD_SIZE=2 and LOCAL_RANK=1 are set but MASTER_ADDR and "
+                                              "MASTER_PORT are not.*under srun, unset RANK"):
+        resolve_master(env, environ={})
+
+
 def test_a_slurm_conf_that_never_reads_does_not_hang_the_lookup(tmp_path):
     # slurm.conf on a stalled shared file system: a FIFO with no writer blocks open() the same way.
     import os
