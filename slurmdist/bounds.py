@@ -67,6 +67,8 @@ MAX_SECONDS = 365 * 24 * 3600.0
 def positive_seconds(source: str, value: Any, error: Callable[[str], Exception]) -> float:
     """`value` (an argument or a variable's text) as a positive number of seconds; `error` names `source`."""
     try:
+        if isinstance(value, bool):  # float(True) is 1.0: `timeout=True` is a mistake, not one second
+            raise TypeError
         seconds = float(value)
     except (TypeError, ValueError):
         raise error(f"{source}={value!r} is not a number of seconds") from None

@@ -235,7 +235,9 @@ def _hostlist(args: argparse.Namespace) -> int:
     text = ",".join(args.hosts)
     limit = hostlist.DEFAULT_LIMIT if args.limit is None else args.limit
     if args.action == "expand":
-        print("\n".join(hostlist.expand(text, limit=limit)))
+        hosts = hostlist.expand(text, limit=limit)
+        if hosts:  # one line per host: none for an empty list, as `count` says 0
+            print("\n".join(hosts))
     elif args.action == "compress":
         print(hostlist.compress(hostlist.expand(text, limit=limit)))
     elif args.action == "first":

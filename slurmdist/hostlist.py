@@ -620,6 +620,9 @@ def compress(hosts: Iterable[str]) -> str:
     Like ``scontrol show hostlist``: adjacent hosts with the same prefix share brackets and consecutive
     numbers of the same width become ranges; nothing is sorted, so the order survives the round trip.
     """
+    if isinstance(hosts, (str, bytes)):  # iterating would compress its characters ('n,o,d,e,1')
+        raise HostlistError(f"compress() takes a list of host names, not one string ({quoted(str(hosts))}); for a "
+                        "hostlist string, expand() it first")
     items: List[str] = []
     prefix: Optional[str] = None
     numbers: List[str] = []

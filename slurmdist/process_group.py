@@ -26,7 +26,7 @@ from typing import Any, Iterator, List, Mapping, Optional
 from . import backends, bounds, devices, hostlist, hosts, interfaces, rendezvous  # noqa: F401
 from .detection import detect, is_own_srun_task
 from .distenv import DistEnv
-from .errors import SlurmdistError
+from .errors import BackendError, SlurmdistError
 from .store_watchdog import StoreWatchdog
 
 log = logging.getLogger("slurmdist")
@@ -68,6 +68,9 @@ def init(
         environ = os.environ if environ is None else environ
         started = time.monotonic()
         handling = sys.exc_info()[1]  # the caller's own exception, if init() runs in an except block
+        if not isinstance(backend, str):
+            raise BackendError(f"backend={backend!r} is not a backend name: use 'auto' (the default), "
+                                        "'nccl', 'hccl', 'mpi', 'gloo' or a form such as 'cpu:gloo,cuda:nccl'")
         seconds = bounds.init_timeout(timeout, environ)
         try:
             env = detect(environ)

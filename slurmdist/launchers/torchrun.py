@@ -58,6 +58,8 @@ def read(environ: Mapping[str, str]) -> Optional[DistEnv]:
     check_index("torchrun", "RANK", rank, "WORLD_SIZE", world_size)
     check_index("torchrun", "LOCAL_RANK", local_rank, "LOCAL_WORLD_SIZE", local_world_size)
     check_within("torchrun", "LOCAL_WORLD_SIZE", local_world_size, "WORLD_SIZE", world_size)
+    if num_nodes is not None:  # every node (agent) runs at least one worker
+        check_within("torchrun", "GROUP_WORLD_SIZE", num_nodes, "WORLD_SIZE", world_size)
     if node_rank is not None and num_nodes is not None:
         check_index("torchrun", "GROUP_RANK", node_rank, "GROUP_WORLD_SIZE", num_nodes)
     master_addr, master_port = explicit_master(environ)

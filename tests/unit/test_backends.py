@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from slurmdist.backends import (
@@ -201,3 +203,11 @@ def test_asking_for_a_missing_device_gives_advice_that_works():
     assert "backend='gloo'" not in str(auto.value) and "device='cpu'" in str(auto.value)
     with pytest.raises(BackendError, match="pass backend='gloo'"):
         choose("nccl", CUDA._replace(cuda_devices=0), None)
+
+
+@pytest.mark.parametrize("backend", [None, 3, ["gloo"]])
+def test_init_refuses_a_backend_that_is_not_a_name_before_anything_else(backend):
+    import slurmdist
+
+    with pytest.raises(BackendError, match=re.escape(f"backend={backend!r} is not a backend name: use 'auto'")):
+        slurmdist.init(backend, environ={})

@@ -142,6 +142,7 @@ def test_hostlist_subcommand():
     assert slurmdist("hostlist", "first", "n[07-09],m1", environ=environ).stdout.strip() == "n07"
     assert slurmdist("hostlist", "count", "n[1-100]", environ=environ).stdout.strip() == "100"
     assert slurmdist("hostlist", "compress", "n1,n2,n3", environ=environ).stdout.strip() == "n[1-3]"
+    assert slurmdist("hostlist", "expand", "", environ=environ).stdout == ""  # no host, no line (count says 0)
     # Past the limit: an error that says how to raise it, and --limit does.
     refused = slurmdist("hostlist", "expand", "--limit", "2", "n[1-3]", environ=environ)
     assert refused.returncode == 2 and "more than 2 hosts" in refused.stderr and "--limit N" in refused.stderr

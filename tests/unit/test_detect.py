@@ -376,6 +376,7 @@ def test_malformed_openmpi_values_name_the_variable(changes, variable):
     ({"LOCAL_RANK": "2"}, "LOCAL_RANK"),
     ({"LOCAL_WORLD_SIZE": "8"}, "LOCAL_WORLD_SIZE"),  # more on this node than in the job (said as 8, not 7)
     ({"GROUP_RANK": "3", "GROUP_WORLD_SIZE": "2"}, "GROUP_RANK"),
+    ({"GROUP_RANK": "0", "GROUP_WORLD_SIZE": "5"}, "GROUP_WORLD_SIZE"),  # more nodes than ranks
 ])
 def test_contradicting_torchrun_variables_are_named(contradiction, variable):
     environ = {"RANK": "1", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", **contradiction}

@@ -198,6 +198,12 @@ def test_compress_rejects_names_it_cannot_round_trip(host: str) -> None:
         compress(["n1", host])
 
 
+@pytest.mark.parametrize("text", ["node1", "n1,n2", b"n1"])
+def test_compress_refuses_one_string_which_it_would_read_letter_by_letter(text) -> None:
+    with pytest.raises(HostlistError, match="takes a list of host names, not one string.*expand"):
+        compress(text)  # type: ignore[arg-type]
+
+
 def test_compress_rejects_non_strings() -> None:
     with pytest.raises(HostlistError, match="not a string"):
         compress(["n1", 2])  # type: ignore[list-item]

@@ -70,6 +70,8 @@ def test_init_timeout_sources():
             init_timeout(None, {"SLURMDIST_INIT_TIMEOUT": bad})
     with pytest.raises(RendezvousError, match="timeout=inf.*at most"):
         init_timeout(float("inf"), {})
+    with pytest.raises(RendezvousError, match="timeout=True is not a number of seconds"):  # float(True) is 1.0
+        init_timeout(True, {})
 
 
 def test_a_store_host_name_that_does_not_resolve_fails_at_once_naming_it():
