@@ -344,7 +344,10 @@ class Submitter:
     def executor(self) -> Any:
         """The submitit executor (built on first use; submitit is imported only then)."""
         if self._executor is None:
-            self._executor = build_executor(self.resources, self.cluster, self.folder, self.python)
+            try:
+                self._executor = build_executor(self.resources, self.cluster, self.folder, self.python)
+            except OSError as error:  # the local executor makes its folder here
+                raise folder_failure(error, self.folder) from None
         return self._executor
 
     def with_options(self, **changes: Any) -> "Submitter":
@@ -355,7 +358,8 @@ class Submitter:
     def submit(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Run ``fn(*args, **kwargs)`` in every task of one job; returns the submitit job."""
         executor = self.executor  # first: without submitit, its error says what to install
-        return _submitting(lambda: executor.submit(fn, *args, **kwargs), signal_variables(self.resources))
+        return _submitting(lambda: executor.submit(fn, *args, **kwargs), signal_variables(self.resources),
+                           self.folder)
 
     def submit_command(self, argv: Sequence[str], cwd: Union[str, os.PathLike, None] = None) -> Any:
         """Run a command (``["python", "train.py", "--steps", "100"]``) in every task; no shell is involved."""
@@ -368,7 +372,8 @@ class Submitter:
         """A job array, one job per ``fn(*args)`` for args in ``zip(*iterables)``: a sweep. Each element is a
         whole distributed job with these resources."""
         executor = self.executor
-        return _submitting(lambda: executor.map_array(fn, *iterables), signal_variables(self.resources))
+        return _submitting(lambda: executor.map_array(fn, *iterables), signal_variables(self.resources),
+                           self.folder)
 
 
 def build_executor(resources: Resources, cluster: str, folder: Path, python: Optional[str] = None) -> Any:
@@ -412,7 +417,7 @@ def job_environment(extra: Mapping[str, str]) -> Iterator[None]:
             os.environ.update(saved)
 
 
-def _submitting(submit: Callable[[], Any], environment: Mapping[str, str]) -> Any:
+def _submitting(submit: Callable[[], Any], environment: Mapping[str, str], folder: Path) -> Any:
     """Run a submission with a bound, in the job's environment (`job_environment`), and turn submitit's
     failures (sbatch's message) into a SubmitError.
 
@@ -442,9 +447,27 @@ def _submitting(submit: Callable[[], Any], environment: Mapping[str, str]) -> An
     error = outcome.get("error")
     if isinstance(error, (FailedJobError, FailedSubmissionError, subprocess.CalledProcessError)):
         raise SubmitError(f"sbatch refused the job: {str(error).strip()}") from None
+    if isinstance(error, OSError):
+        raise folder_failure(error, folder) from None
     if error is not None:
         raise error
     return outcome["job"]
+
+
+def folder_failure(error: OSError, folder: Path) -> Exception:
+    """A SubmitError naming the job's folder when `error` is about it or a folder above it (submitit makes it
+    and writes the job's pickles there before the job starts); else `error` itself."""
+    if error.filename is None:
+        return error
+    failed = Path(os.fsdecode(error.filename)).absolute()
+    fixed = Path(str(folder).split("%", 1)[0]).absolute()  # the part before submitit's %j, %A, ...
+    if not (failed == fixed or fixed in failed.parents or failed in fixed.parents):
+        return error
+    return SubmitError(
+        f"cannot write the job's folder {str(folder)!r} (folder=, or --folder): {error.strerror or error} "
+        f"({str(failed)!r}). Give a folder this process can create and write, on a file system every node of the "
+        "job sees"
+    )
 
 
 # --- following jobs: state, wait, results ---------------------------------------------------------------------

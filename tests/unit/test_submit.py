@@ -13,7 +13,7 @@ import time
 import pytest
 
 from slurmdist.submit import (
-    FINISHED_STATES, Resources, SubmitError, choose_cluster, local_parameters, parse_mem, parse_state,
+    FINISHED_STATES, Resources, SubmitError, Submitter, choose_cluster, local_parameters, parse_mem, parse_state,
     parse_time, slurm_parameters,
 )
 
@@ -503,3 +503,12 @@ def test_results_wait_longer_for_the_files_of_a_completed_job():
 def test_requeue_options_are_refused_rather_than_silently_overridden(option):
     with pytest.raises(SubmitError, match="always submits with --requeue"):
         Resources(sbatch={option: True})
+
+
+def test_a_job_folder_that_cannot_be_made_is_a_submit_error_naming_it(tmp_path):
+    # submitit writes the job's pickles there before it starts the job (sbatch, or the local controller).
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    submitter = Submitter(cluster="local", folder=blocker / "logs" / "%j", time=5)
+    with pytest.raises(SubmitError, match=r"cannot write the job's folder '.*a-file/logs/%j' \(folder=, or --folder\)"):
+        submitter.submit_command(["true"])
