@@ -225,8 +225,8 @@ class RequeueAfterSave:
     Rank 0 reads `.requested` at every step boundary, saves the checkpoint when it is set, then clears it;
     clearing it after the signal means "saved": requeue now (`scontrol requeue`; Slurm then ends every rank, and
     the requeued job resumes from the checkpoint). SIGTERM before the warning (scancel, a preemption) still
-    saves and stops, as with `CheckpointRequest` (the preemption object catches it: `ending`); after the
-    warning, SIGTERM is the requeue taking effect and ends the process at once.
+    saves and stops every rank at one step, as with `CheckpointRequest` (the preemption object catches it:
+    `ending`); after the warning, SIGTERM is the requeue taking effect and ends the process at once.
     """
 
     def __init__(self, preemption: "slurmdist.requeue.Preemption") -> None:
@@ -245,8 +245,9 @@ class RequeueAfterSave:
 
     @requested.setter
     def requested(self, value: bool) -> None:
-        if not value and self.preemption.requested:
-            self.preemption.requeue()  # rank 0: scontrol requeue, then wait to be ended; others: return
+        # After a SIGTERM every rank stops at this step (`all_agree_to_stop`) and returns 143 itself.
+        if not value and self.preemption.requested and not self.preemption.ending:
+            self.preemption.requeue()  # rank 0: scontrol requeue, then wait to be ended
 
 
 class Stopped(Exception):

@@ -18,8 +18,9 @@ wait out Slurm's KillWait). The requeued job starts the same script, which loads
 
 SIGTERM without a warning before it (a preemption, which sends the warning only where the cluster sets
 `preempt_send_user_signal`; `scancel`; a time limit the warning did not precede) also sets `requested`: rank 0
-saves at the next step boundary as above, and `requeue()` then ends it without requeueing, since Slurm is
-ending the job itself (and requeues a preempted job on its own).
+saves at the next step boundary as above, and `requeue()` then ends every rank that calls it (status 143)
+without requeueing, since Slurm is ending the job itself (and requeues a preempted job on its own). A rank that
+kept stepping would only fail in its next collective, which rank 0 has left.
 
 The signal defaults to SIGUSR2, not SIGUSR1 (NCCL has used SIGUSR1); set it per call or with
 ``SLURMDIST_REQUEUE_SIGNAL``. Nothing here imports torch or submitit.
@@ -254,17 +255,18 @@ class Preemption:
     def requeue(self, environ: Optional[Mapping[str, str]] = None) -> None:
         """After rank 0 saved its checkpoint: requeue the job and end this process.
 
-        On ranks other than 0 this returns at once: they keep stepping until Slurm ends them. On rank 0 it does
-        not return: it requeues and waits (bounded) to be ended, or, after a SIGTERM that no warning preceded,
-        exits at once (status 143) without requeueing: Slurm is ending the job and requeues a preempted one
-        itself. Raises `RequeueError` when the job cannot be requeued (not under Slurm, or out of requeues):
-        the checkpoint is saved, resubmit to resume.
+        After a SIGTERM that no warning preceded, every rank exits here at once (status 143) without requeueing:
+        Slurm is ending the job and requeues a preempted one itself. After the warning, ranks other than 0 return
+        at once and keep stepping until Slurm ends them; rank 0 does not return: it requeues and waits (bounded)
+        to be ended. Raises `RequeueError` when the job cannot be requeued (not under Slurm, or out of
+        requeues): the checkpoint is saved, resubmit to resume.
         """
+        if self.ending:  # every rank: one that kept stepping would fail in a collective rank 0 has left
+            if self.rank == 0:
+                log.warning("slurmdist: checkpoint saved; not requeued by slurmdist, since Slurm is ending the job")
+            exit_without_result(ENDED_EXIT_STATUS)
         if self.rank != 0:
             return
-        if self.ending:
-            log.warning("slurmdist: checkpoint saved; not requeued by slurmdist, since Slurm is ending the job")
-            exit_without_result(ENDED_EXIT_STATUS)
         environ = os.environ if environ is None else environ
         counter = LocalRestarts.of(environ) if under_local_executor(environ) else None
         restarts = counter.count() if counter else 0

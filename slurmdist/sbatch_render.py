@@ -240,9 +240,9 @@ def sbatch_options(spec: JobSpec) -> List[str]:
                 if value]
     if spec.signal:  # srun only (validated): torchrun's agent and mpirun do not pass SIGUSR2 on
         options.append(f"--signal={spec.signal}")
-    if spec.requeue:
-        options.append("--requeue")
     options.append(f"--output={spec.output}")
+    if spec.requeue:  # a requeued run adds to the log: Slurm would truncate it, and the earlier run's lines with it
+        options += ["--requeue", "--open-mode=append"]
     return options
 
 

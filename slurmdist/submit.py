@@ -557,7 +557,8 @@ def results(job: Any, timeout: float, *, poll: float = 1.0) -> List[Any]:
         # The first task to fail is the cause; the others usually failed because it left their collectives.
         first = min(failed, key=lambda task: job.task(task).paths.result_pickle.stat().st_mtime)
         others = f" (then task(s) {sorted(set(failed) - {first})} failed too)" if len(failed) > 1 else ""
-        raise JobFailedError(f"job {job.job_id} task {first} raised{others}:\n{outcomes[first][1]}\n"
+        ended = "" if state == "COMPLETED" else f"ended {state}: "  # CANCELLED, PREEMPTED, TIMEOUT say why
+        raise JobFailedError(f"job {job.job_id} {ended}task {first} raised{others}:\n{outcomes[first][1]}\n"
                              f"(log: {_task_paths(job, first)[1]})", state, job.job_id)
     if any(outcome is None for outcome, _ in outcomes):
         missing = [task for task, (outcome, _) in enumerate(outcomes) if outcome is None]

@@ -190,10 +190,19 @@ def test_rendered_options_follow_the_request(capsys):
     script = capsys.readouterr().out
     for line in ("--job-name=big-run", "--nodes=2", "--ntasks-per-node=4", "--gpus-per-node=4",
                  "--cpus-per-task=8", "--time=2:00:00", "--partition=gpu", "--account=proj",
-                 "--signal=USR2@120", "--requeue"):
+                 "--signal=USR2@120", "--requeue", "--open-mode=append"):
         assert f"#SBATCH {line}\n" in script
     assert "export SRUN_CPUS_PER_TASK=" in script
     assert script.rstrip().endswith("srun --kill-on-bad-exit=1 python train.py --lr 0.1")
+
+
+def test_a_job_that_requeues_appends_to_its_log_and_one_that_does_not_leaves_slurms_default():
+    # Slurm truncates --output when a requeued run starts: the earlier run's lines (its traceback) would be gone.
+    assert "#SBATCH --open-mode=append\n" in render(JobSpec(command=("python", "t.py")))
+    assert "open-mode" not in render(JobSpec(command=("python", "t.py"), requeue=False))
+    for script in sorted((REPO / "sbatch").glob("*.sh")):
+        text = script.read_text()
+        assert ("#SBATCH --requeue" in text) == ("#SBATCH --open-mode=append" in text), script.name
 
 
 def test_the_warning_signal_is_spelled_as_slurm_does_and_explained_at_the_top():
