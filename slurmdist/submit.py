@@ -74,13 +74,16 @@ LAUNCH_NAMES = frozenset({
 })
 KEPT_VARIABLES = frozenset({"SLURM_CONF"})
 
+# Not Slurm's: slurmctld no longer knows the job (it ended more than MinJobAge ago, 300 s by default) and no
+# accounting recorded it. Nothing more happens to it.
+FORGOTTEN = "FORGOTTEN"
 # Job states after which nothing more happens (a requeued job is PENDING/REQUEUED again, not PREEMPTED).
 FINISHED_STATES = frozenset({
     "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",
-    "PREEMPTED", "REVOKED", "SPECIAL_EXIT",
+    "PREEMPTED", "REVOKED", "SPECIAL_EXIT", FORGOTTEN,
 })
-# States in which every task may have written its result before Slurm says the job ended (UNKNOWN: Slurm has
-# forgotten the job).
+# States in which every task may have written its result before Slurm says the job ended (UNKNOWN: Slurm did
+# not answer).
 RESULTS_AHEAD_STATES = frozenset({"RUNNING", "COMPLETING", "UNKNOWN"})
 # Options slurmdist sets itself: passing them through `sbatch=` would contradict the job's layout or logs.
 MANAGED_OPTIONS = frozenset({
@@ -477,25 +480,30 @@ def is_local(job: Any) -> bool:
     return type(job).__name__ == "LocalJob"
 
 
-def job_state(job: Any, environ: Optional[Mapping[str, str]] = None) -> str:
-    """The job's state now: squeue while slurmctld remembers the job, else sacct (bounded calls).
+def job_state(job: Any, environ: Optional[Mapping[str, str]] = None, timeout: float = SLURM_CALL_TIMEOUT) -> str:
+    """The job's state now: squeue while slurmctld remembers the job, else sacct, both within `timeout`.
 
-    UNKNOWN when neither knows it (sacct without accounting forgets finished jobs after MinJobAge).
+    FORGOTTEN when slurmctld no longer knows the job and accounting has no record of it (it ended more than
+    MinJobAge ago on a cluster without accounting); UNKNOWN when neither answered.
     """
     if is_local(job):  # the LocalExecutor knows only its controller process: running, finished or gone
         state = job.state
         return "RUNNING" if state == "RUNNING" else ("COMPLETED" if state == "FINISHED" else "FAILED")
-    return slurm_state(job.job_id, environ)
+    return slurm_state(job.job_id, environ, timeout)
 
 
-def slurm_state(job_id: str, environ: Optional[Mapping[str, str]] = None) -> str:
-    """squeue's view of `job_id`, else sacct's, else UNKNOWN."""
-    queries = (["squeue", "-h", "-t", "all", "-j", job_id, "-o", "%T"],
-               ["sacct", "-n", "-X", "-P", "-o", "State", "-j", job_id])
-    for command in queries:
-        output = _slurm_query(command, environ)
-        if output:
-            return parse_state(output)
+def slurm_state(job_id: str, environ: Optional[Mapping[str, str]] = None, timeout: float = SLURM_CALL_TIMEOUT) -> str:
+    """squeue's view of `job_id`, else sacct's, else FORGOTTEN or UNKNOWN (see `job_state`); both calls share
+    `timeout`, so a slurmctld that does not answer holds a caller's wait no longer than it asked."""
+    deadline = time.monotonic() + timeout
+    squeue = _slurm_call(["squeue", "-h", "-t", "all", "-j", job_id, "-o", "%T"], environ, deadline)
+    if squeue is not None and squeue.returncode == 0 and squeue.stdout.strip():
+        return parse_state(squeue.stdout)
+    sacct = _slurm_call(["sacct", "-n", "-X", "-P", "-o", "State", "-j", job_id], environ, deadline)
+    if sacct is not None and sacct.returncode == 0 and sacct.stdout.strip():
+        return parse_state(sacct.stdout)
+    if squeue is not None and "invalid job id" in squeue.stderr.lower():  # slurmctld answered: not a job it has
+        return FORGOTTEN
     return "UNKNOWN"
 
 
@@ -505,12 +513,13 @@ def parse_state(output: str) -> str:
     return lines[0].split()[0].rstrip("+").upper() if lines else "UNKNOWN"
 
 
-def _slurm_query(command: List[str], environ: Optional[Mapping[str, str]]) -> str:
+def _slurm_call(command: List[str], environ: Optional[Mapping[str, str]],
+                deadline: float) -> "Optional[subprocess.CompletedProcess[str]]":
+    """The finished call, or None when it could not run or outlived its share of `deadline`."""
     try:
-        proc = commands.run(command, SLURM_CALL_TIMEOUT, environ)
+        return commands.run(command, min(SLURM_CALL_TIMEOUT, max(0.1, deadline - time.monotonic())), environ)
     except (OSError, subprocess.TimeoutExpired):
-        return ""
-    return proc.stdout if proc.returncode == 0 else ""
+        return None
 
 
 def wait(job: Any, timeout: float, *, poll: float = 1.0,
@@ -524,13 +533,13 @@ def wait(job: Any, timeout: float, *, poll: float = 1.0,
     last = ""
     written_at: Optional[float] = None
     while True:
-        state = job_state(job)
+        state = job_state(job, timeout=max(1.0, deadline - time.monotonic()))
         # Every task reported but Slurm has not caught up (the step is completing): trust the results soon. Only
         # while the job runs, and only files written since this run started: a job requeued (and running again)
         # may hold result files of the run before.
         if state not in RESULTS_AHEAD_STATES:
             written_at = None
-        elif written_at is None and _all_results_written(job) and _written_by_this_run(job):
+        elif written_at is None and _all_results_written(job) and _written_by_this_run(job, deadline):
             written_at = time.monotonic()
         if written_at is not None and time.monotonic() - written_at > RESULT_GRACE:
             state = "COMPLETED"
@@ -542,8 +551,9 @@ def wait(job: Any, timeout: float, *, poll: float = 1.0,
         if state in FINISHED_STATES:
             return state
         if time.monotonic() >= deadline:
+            stop = f"kill {job.job_id}" if is_local(job) else f"scancel {job.job_id}"  # a local job's id is a pid
             raise JobTimeoutError(f"job {job.job_id} still {state} after {timeout:.0f}s (it keeps running; "
-                                  f"`scancel {job.job_id}` to stop it)")
+                                  f"`{stop}` to stop it)")
         time.sleep(min(poll if written_at is None else 0.2, max(0.0, deadline - time.monotonic())))
 
 
@@ -563,9 +573,11 @@ def results(job: Any, timeout: float, *, poll: float = 1.0) -> List[Any]:
     if any(outcome is None for outcome, _ in outcomes):
         missing = [task for task, (outcome, _) in enumerate(outcomes) if outcome is None]
         stdout, stderr = _task_paths(job, missing[0])
+        ended = (f"Slurm no longer knows job {job.job_id} (it ended more than MinJobAge ago, 300 s by default, and "
+                 "this cluster keeps no job accounting)" if state == FORGOTTEN else f"job {job.job_id} ended {state}")
         raise JobFailedError(
-            f"job {job.job_id} ended {state} and task(s) {missing} left no result; last lines of {stderr}:\n"
-            f"{_tail(stderr)}", state, job.job_id,
+            f"{ended} and task(s) {missing} left no result; last lines of {stderr}:\n{_tail(stderr)}", state,
+            job.job_id,
         )
     return [value for _, value in outcomes]
 
@@ -597,9 +609,10 @@ def _all_results_written(job: Any) -> bool:
     return all(task.paths.result_pickle.exists() for task in _tasks(job))
 
 
-def _written_by_this_run(job: Any) -> bool:
-    """Whether every result file is at least as new as the job's current run (True when that is unknown)."""
-    started = None if is_local(job) else run_start(job.job_id)
+def _written_by_this_run(job: Any, deadline: float) -> bool:
+    """Whether every result file is at least as new as the job's current run (True when that is unknown, or
+    squeue does not say by `deadline`)."""
+    started = None if is_local(job) else run_start(job.job_id, timeout=max(1.0, deadline - time.monotonic()))
     if started is None:
         return True
     try:
@@ -608,9 +621,12 @@ def _written_by_this_run(job: Any) -> bool:
         return False
 
 
-def run_start(job_id: str, environ: Optional[Mapping[str, str]] = None) -> Optional[float]:
-    """When the job's current run started (seconds since the epoch), from squeue; None when unknown."""
-    return parse_start(_slurm_query(["squeue", "-h", "-j", job_id, "-o", "%S"], environ))
+def run_start(job_id: str, environ: Optional[Mapping[str, str]] = None,
+              timeout: float = SLURM_CALL_TIMEOUT) -> Optional[float]:
+    """When the job's current run started (seconds since the epoch), from squeue within `timeout`; None when
+    unknown."""
+    proc = _slurm_call(["squeue", "-h", "-j", job_id, "-o", "%S"], environ, time.monotonic() + timeout)
+    return parse_start(proc.stdout) if proc is not None and proc.returncode == 0 else None
 
 
 def parse_start(output: str) -> Optional[float]:

@@ -9,6 +9,8 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -178,8 +180,6 @@ class FinishedTasks:
             self.task(task).paths.result_pickle.write_bytes(b"")
 
     def task(self, index):
-        from types import SimpleNamespace
-
         return SimpleNamespace(paths=SimpleNamespace(result_pickle=self.folder / f"42_{index}_result.pkl"))
 
 
@@ -191,7 +191,7 @@ def test_result_files_end_the_wait_only_while_the_job_runs(tmp_path, monkeypatch
     import slurmdist.submit as submit
 
     monkeypatch.setattr(submit, "RESULT_GRACE", 0.2)
-    monkeypatch.setattr(submit, "job_state", lambda job: state)
+    monkeypatch.setattr(submit, "job_state", lambda job, **_: state)
     job, polls = FinishedTasks(tmp_path), []
     if ends:
         assert submit.wait(job, timeout=30, poll=0.05, on_poll=lambda: polls.append(1)) == "COMPLETED"
@@ -463,11 +463,11 @@ def test_result_files_from_before_the_current_run_do_not_end_the_wait(tmp_path, 
     import slurmdist.submit as submit
 
     monkeypatch.setattr(submit, "RESULT_GRACE", 0.2)
-    monkeypatch.setattr(submit, "job_state", lambda job: "RUNNING")
+    monkeypatch.setattr(submit, "job_state", lambda job, **_: "RUNNING")
     job = FinishedTasks(tmp_path)
     written = job.task(0).paths.result_pickle.stat().st_mtime
     start = written + 60 if started_after_the_files else written - 60
-    monkeypatch.setattr(submit, "run_start", lambda job_id: start)
+    monkeypatch.setattr(submit, "run_start", lambda job_id, **_: start)
     if ends:
         assert submit.wait(job, timeout=30, poll=0.05) == "COMPLETED"
     else:
@@ -490,8 +490,6 @@ def test_a_command_ended_by_slurms_sigterm_leaves_no_result():
 
 
 def test_results_wait_longer_for_the_files_of_a_completed_job():
-    from types import SimpleNamespace
-
     from slurmdist.submit import COMPLETED_RESULT_GRACE, RESULT_GRACE, result_grace
 
     slurm_job = SimpleNamespace()
@@ -512,3 +510,58 @@ def test_a_job_folder_that_cannot_be_made_is_a_submit_error_naming_it(tmp_path):
     submitter = Submitter(cluster="local", folder=blocker / "logs" / "%j", time=5)
     with pytest.raises(SubmitError, match=r"cannot write the job's folder '.*a-file/logs/%j' \(folder=, or --folder\)"):
         submitter.submit_command(["true"])
+
+
+def fake_slurm(tmp_path, monkeypatch, squeue: str, sacct: str) -> None:
+    """squeue and sacct on PATH as shell bodies (what a cluster in that state answers)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, body in (("squeue", squeue), ("sacct", sacct)):
+        (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+
+
+def test_a_slurmctld_that_does_not_answer_holds_a_wait_no_longer_than_asked(tmp_path, monkeypatch):
+    # Each call alone may take SLURM_CALL_TIMEOUT (15 s): squeue then sacct would hold a 2 s wait for 30 s.
+    import slurmdist.submit as submit
+
+    fake_slurm(tmp_path, monkeypatch, squeue="exec sleep 60", sacct="exec sleep 60")
+    began = time.monotonic()
+    with pytest.raises(submit.JobTimeoutError, match="job 42 still UNKNOWN after 2s"):
+        submit.wait(FinishedTasks(tmp_path), timeout=2, poll=0.1)  # results written: squeue asked when it ran
+    assert time.monotonic() - began < 2 + 1 + 2 * submit.commands.REAP_GRACE
+
+
+def test_a_job_slurm_has_forgotten_ends_the_wait_and_says_so(tmp_path, monkeypatch):
+    # Past MinJobAge without accounting: squeue no longer knows the id, sacct keeps nothing.
+    import slurmdist.submit as submit
+
+    fake_slurm(tmp_path, monkeypatch, squeue="echo 'slurm_load_jobs error: Invalid job id specified' >&2; exit 1",
+               sacct="echo 'Slurm accounting storage is disabled' >&2; exit 1")
+    assert submit.slurm_state("42") == submit.FORGOTTEN
+    job = FinishedTasks(tmp_path)
+    job.task(1).paths.result_pickle.unlink()  # task 1 never reported
+    job.task = lambda index, task=job.task: SimpleNamespace(  # noqa: E731 - the paths results() reads
+        paths=SimpleNamespace(result_pickle=task(index).paths.result_pickle, stdout=tmp_path / "out",
+                              stderr=tmp_path / "err"))
+    monkeypatch.setattr(submit, "RESULT_GRACE", 0.1)
+    monkeypatch.setattr(submit, "_read_outcomes", lambda job, grace: [("success", 1), (None, None)])
+    began = time.monotonic()
+    with pytest.raises(submit.JobFailedError, match=r"Slurm no longer knows job 42 \(it ended more than MinJobAge "
+                                                    r"ago.*task\(s\) \[1\] left no result") as failed:
+        submit.results(job, timeout=600, poll=0.05)
+    assert failed.value.state == submit.FORGOTTEN and time.monotonic() - began < 30  # not the whole timeout
+
+
+def test_a_local_jobs_timeout_says_how_to_stop_it_there():
+    import slurmdist.submit as submit
+
+    class LocalJob:  # submitit's class name: its id is the controller's pid
+        job_id, state, num_tasks = "8197", "RUNNING", 1
+
+        def task(self, index):
+            return SimpleNamespace(paths=SimpleNamespace(result_pickle=Path("/nonexistent/8197_0_result.pkl")))
+
+    with pytest.raises(submit.JobTimeoutError, match="`kill 8197` to stop it"):
+        submit.wait(LocalJob(), timeout=0.1, poll=0.05)
