@@ -135,6 +135,7 @@ def _check_signal_delay(spec: JobSpec) -> None:
     from .submit import parse_time
 
     _, delay = _warning_of(spec.signal)
+    # In whole minutes, rounded up, as Slurm keeps the limit (--time=00:03:01 is a 4 min job).
     problem = signal_delay_problem(delay, parse_time(spec.time), what=f"--signal {spec.signal}",
                                    within=f"--time {spec.time}", time_name="--time", delay_name="the delay after @")
     if problem is not None:

@@ -177,6 +177,8 @@ def test_cli_refuses_with_status_2_and_no_traceback(capsys, tmp_path):
     (["--time", "2", "--", "python", "t.py"],
      r"--signal USR2@120 leaves no time to train within --time 2 \(2 min\): .* at least 4 min, or the delay after @ to at most 59 s"),
     (["--time", "1", "--signal", "USR2", "--", "python", "t.py"], "--signal USR2 leaves no time .* at least 3 min(?!,)"),
+    # Slurm rounds a limit up to whole minutes: 00:02:01 is 3 min, so USR2@120 comes 60 s in, at the start.
+    (["--time", "00:02:01", "--", "python", "t.py"], r"leaves no time to train within --time 00:02:01 \(3 min\)"),
     (["--time", "3-00:00:00", "--signal", "USR2@65536", "--", "python", "t.py"], "more than Slurm's --signal accepts"),
 ])
 def test_cli_usage_errors(capsys, args, message):
