@@ -154,7 +154,11 @@ def local_restarts_file(environ: Mapping[str, str]) -> Optional[Path]:
 
 
 def restart_count(environ: Mapping[str, str]) -> int:
-    """How many times Slurm has requeued this job already (0 on its first run)."""
+    """How many times this job was requeued by Slurm, or restarted by submitit's LocalExecutor (the count
+    slurmdist keeps beside its logs), already: 0 on its first run."""
+    if under_local_executor(environ):
+        counter = LocalRestarts.of(environ)
+        return counter.count() if counter is not None else 0
     raw = environ.get("SLURM_RESTART_COUNT", "").strip()
     return whole_number(raw) or 0
 

@@ -43,6 +43,17 @@ def test_a_signal_that_cannot_be_caught_is_refused(spec):
         parse_signal(spec)
 
 
+def test_a_local_jobs_restarts_are_counted_as_a_slurm_jobs_requeues(tmp_path):
+    # examples/submit_train.py reports `restarts`: 0 after a real local restart before.
+    from slurmdist.requeue import LocalRestarts
+
+    environ = {"SUBMITIT_EXECUTOR": "local", "SUBMITIT_FOLDER": str(tmp_path), "SUBMITIT_LOCAL_JOB_ID": str(os.getpid())}
+    assert restart_count(environ) == 0
+    LocalRestarts.of(environ).record(2)
+    assert restart_count(environ) == 2
+    assert restart_count({**environ, "SUBMITIT_EXECUTOR": "slurm", "SLURM_RESTART_COUNT": "1"}) == 1
+
+
 def test_restart_count_and_limit():
     assert restart_count({}) == 0
     assert restart_count({"SLURM_RESTART_COUNT": "2"}) == 2
