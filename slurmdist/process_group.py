@@ -23,7 +23,7 @@ from typing import Any, Iterator, List, Mapping, Optional
 # hostlist: detect() reads a Slurm nodelist with it. Loaded with the rest of init()'s modules (when
 # `slurmdist.init` is first looked up), not inside init(), where each rank's half millisecond of loading
 # would hold up the whole group on busy cores.
-from . import backends, bounds, devices, hostlist, hosts, interfaces, rendezvous  # noqa: F401
+from . import backends, bounds, devices, hostlist, hosts, interfaces, rendezvous, store_server  # noqa: F401
 from .detection import detect, is_own_srun_task
 from .distenv import DistEnv
 from .errors import BackendError, SlurmdistError
@@ -45,8 +45,9 @@ def watchdog_grace(world_size: int) -> float:
 _lock = threading.RLock()
 # `group`: the default process group init() formed or adopted, to tell it from one formed after the user
 # destroyed it (`dist.destroy_process_group()`, the usual last line of a torch script).
+# `served_port`: the port of the store this process served (rank 0), to stop listening there at shutdown.
 _state: dict = {"env": None, "store": None, "generation": 0, "atexit": False, "owned": False, "interface": None,
-                "group": None}
+                "group": None, "served_port": None}
 
 
 def init(
@@ -172,6 +173,7 @@ def _meet(env: DistEnv, deadline: bounds.Deadline, environ: Mapping[str, str], c
         raise
     meeting.store.set_timeout(collective)  # later new_group() calls wait on the store as long as collectives
     _state["store"] = meeting.store
+    _state["served_port"] = env.master_port if rendezvous.serves_store(env, environ) else None
     return env
 
 
@@ -267,6 +269,7 @@ def shutdown() -> None:
             dist.destroy_process_group()
         _state["store"] = _state["group"] = None
         _forget_interface()
+        _stop_serving()
 
 
 def _default_group() -> Any:
@@ -289,6 +292,7 @@ def _live_env() -> Optional[DistEnv]:
         log.debug("the process group init() formed was destroyed outside slurmdist; forgetting it")
         _state["env"] = _state["store"] = _state["group"] = None
         _forget_interface()
+        _stop_serving()
         return None
 
 
@@ -298,6 +302,15 @@ def _forget_interface() -> None:
     chosen, _state["interface"] = _state["interface"], None
     if chosen is not None and os.environ.get(interfaces.GLOO_INTERFACE_VARIABLE) == chosen:
         del os.environ[interfaces.GLOO_INTERFACE_VARIABLE]
+
+
+def _stop_serving() -> None:
+    """Once the group is gone: stop listening on the port of the store this process served, so the next
+    `init()` can serve there even while something still holds the old group (a DDP model, a `new_group()`
+    handle), and with it the store. See `store_server.stop_listening`."""
+    port, _state["served_port"] = _state["served_port"], None
+    if port is not None:
+        store_server.stop_listening(port)
 
 
 def _release_frames(exc: BaseException, keep: Optional[BaseException]) -> None:

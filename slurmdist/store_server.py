@@ -111,6 +111,22 @@ def serve_here(port: int, timeout: float, who: str = "rank 0", ipv6: bool = Fals
     return store
 
 
+def stop_listening(port: int) -> int:
+    """Stop accepting connections on `port` in this process; returns how many sockets stopped.
+
+    For a store served here that outlives its process group: a DDP model, a `new_group()` handle or a saved
+    `dist.group.WORLD` keeps the group, and with it the store, alive after `slurmdist.shutdown()`. Its port
+    would stay taken, and the next `init()` could not serve there. Shut down, a listening socket frees its
+    port at once, while the connections it accepted (the old group's) keep working; its descriptor stays the
+    store's to close. Linux only (the sockets are found through /proc/self/fd); elsewhere nothing stops."""
+    from .store_watchdog import shut_down_sockets
+
+    def listening_on_port(sock: socket.socket) -> bool:
+        return bool(sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)) and sock.getsockname()[1] == port
+
+    return shut_down_sockets(listening_on_port)
+
+
 def _identity(fd: int) -> Optional[Tuple[int, int]]:
     """(device, inode) of what `fd` refers to; None when it is closed."""
     try:

@@ -16,7 +16,7 @@ import contextlib
 import os
 import socket
 import threading
-from typing import Iterator, Optional, Set, Tuple
+from typing import Callable, Iterator, Optional, Set, Tuple
 
 from . import background
 from .interfaces import ip_of
@@ -48,9 +48,9 @@ def socket_fds() -> Iterator[int]:
                 yield int(name)
 
 
-def _cut_if_towards(fd: int, endpoints: Set[Endpoint]) -> bool:
-    """Shut down `fd` (both directions) when it is a TCP connection to one of `endpoints`. Checks and cuts
-    through one duplicate (a number closed and reused meanwhile is not cut by mistake), and leaves the
+def _shut_down_if(fd: int, wanted: Callable[[socket.socket], bool]) -> bool:
+    """Shut down `fd` (both directions) when it is a TCP socket that `wanted` accepts. Checks and shuts down
+    through one duplicate (a number closed and reused meanwhile is not touched by mistake), and leaves the
     descriptor's blocking mode as it was (a Python socket object would make it non-blocking under
     `socket.setdefaulttimeout()`, and the mode is shared with the original)."""
     try:
@@ -63,8 +63,7 @@ def _cut_if_towards(fd: int, endpoints: Set[Endpoint]) -> bool:
             try:
                 if sock.type != socket.SOCK_STREAM or sock.family not in (socket.AF_INET, socket.AF_INET6):
                     return False
-                peer = sock.getpeername()
-                if (normalized(peer[0]), peer[1]) not in endpoints:
+                if not wanted(sock):
                     return False
                 sock.shutdown(socket.SHUT_RDWR)
                 return True
@@ -74,11 +73,24 @@ def _cut_if_towards(fd: int, endpoints: Set[Endpoint]) -> bool:
         return False
 
 
+def shut_down_sockets(wanted: Callable[[socket.socket], bool]) -> int:
+    """Shut down every TCP socket of this process that `wanted` accepts; the descriptors stay open for their
+    owner to close. Returns how many."""
+    return sum(_shut_down_if(fd, wanted) for fd in socket_fds())
+
+
 def cut_connections(endpoints: Set[Endpoint]) -> int:
     """Shut down every TCP connection of this process to one of `endpoints` ((IP, port), any spelling), so a
     call blocked on one returns. The descriptors stay open for their owner to close. Returns how many."""
     wanted = {(normalized(address), port) for address, port in endpoints}
-    return sum(_cut_if_towards(fd, wanted) for fd in socket_fds()) if wanted else 0
+    if not wanted:
+        return 0
+
+    def towards(sock: socket.socket) -> bool:
+        peer = sock.getpeername()
+        return (normalized(peer[0]), peer[1]) in wanted
+
+    return shut_down_sockets(towards)
 
 
 class StoreWatchdog:
