@@ -267,10 +267,10 @@ class Keys:
     never reads an earlier attempt's verdict, and a rank that missed an attempt meets the others' retry.
     `told` is the world size the first rank under `base` was told (None when the store was not asked)."""
 
-    __slots__ = ("prefix", "attempt", "told", "state", "count", "verdict", "reporter", "seen", "reach")
+    __slots__ = ("base", "prefix", "attempt", "told", "state", "count", "verdict", "reporter", "seen", "reach")
 
     def __init__(self, base: str, attempt: int = 0, told: Optional[int] = None) -> None:
-        self.attempt, self.told = attempt, told
+        self.base, self.attempt, self.told = base, attempt, told
         self.state = state_key(base)  # "ATTEMPT WORLD": failed attempts under `base`, the first rank's world size
         self.prefix = prefix = f"{base}/{attempt}"
         self.count = f"{prefix}/count"  # ranks checked in
@@ -382,9 +382,9 @@ class Rendezvous:
         someone else already holds, or a world size other than the first rank's, fails every rank at once:
         two processes with one RANK, a WORLD_SIZE that differs between ranks, or another job on this port."""
         with self._store_errors():
+            conflict = self._claim() or self._world_conflict()  # first: it may move on to another attempt
             if self.reach is not None and self.env.local_rank == 0:  # one rank per node says it: any one will do
                 self.store.set(self.keys.reach, self.reach)
-            conflict = self._claim() or self._world_conflict()
             if conflict is not None:
                 self.fail(problem=conflict)
             if self.store.add(self.keys.count, 1) == self.env.world_size:
@@ -398,14 +398,27 @@ class Rendezvous:
                     self.fail(late=True)
 
     def _claim(self) -> Optional[str]:
-        """Take this rank's arrival key; what is wrong, or None."""
+        """Take this rank's arrival key; what is wrong, or None.
+
+        A key held by a process of this host that has ended belongs to a program that ran before this one at
+        the same agent's store, under the same keys (`bash -c "python prep.py && python train.py"` under
+        `slurmdist run` or torchrun): this rank moves the store on to the next attempt, where every rank of
+        this program meets (each finds its own predecessor's key, and only the first move counts)."""
         me = f"{socket.gethostname()} (pid {os.getpid()})"
         token = f"{me}#{os.urandom(6).hex()}"  # unique to this check-in, threads of one process included
-        holder = self.store.compare_set(self.keys.arrived(self.env.rank), "", token).decode()
-        if holder != token:
-            return (f"rank {self.env.rank} {CHECKED_IN_TWICE}, from {holder.split('#')[0]} and from {me}: two "
-                    f"processes have RANK={self.env.rank}, or another job uses this MASTER_PORT (set a different one)")
-        return None
+        while True:
+            holder = self.store.compare_set(self.keys.arrived(self.env.rank), "", token).decode()
+            if holder == token:
+                return None
+            moved = self.keys.moved_on()
+            if moved is None or not _ended_here(holder) or self.deadline.expired():
+                return (f"rank {self.env.rank} {CHECKED_IN_TWICE}, from {holder.split('#')[0]} and from {me}: two "
+                        f"processes have RANK={self.env.rank}, or another job uses this MASTER_PORT (set a "
+                        "different one)")
+            log.debug("rank %d: %s, which held this rank's key, has ended: moving on to attempt %d",
+                      self.env.rank, holder.split("#")[0], self.keys.attempt + 1)
+            self.store.compare_set(self.keys.state, *moved)
+            self.keys = current_keys(self.store, self.keys.base, self.env.world_size)
 
     def _world_conflict(self) -> Optional[str]:
         """A world size other than the one the first rank was told (read with the attempt number); or None."""
@@ -536,6 +549,20 @@ def _mesh_straggler(cause: BaseException) -> str:
         return ""
     return (f" (rank {found.group(1)} checked in but never joined the gloo mesh: it exited or hung after "
             "checking in; see its log)")
+
+
+def _ended_here(holder: str) -> bool:
+    """Whether the check-in `holder` ('HOST (pid N)#TOKEN') was made by a process of this host that has ended."""
+    found = re.fullmatch(r"(.*) \(pid (\d+)\)#[0-9a-f]*", holder)
+    if found is None or found.group(1) != socket.gethostname():
+        return False
+    try:
+        os.kill(int(found.group(2)), 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # it exists, as another user's process
+        return False
+    return False
 
 
 def _get(store: Any, key: str) -> str:

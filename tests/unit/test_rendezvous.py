@@ -284,6 +284,37 @@ def test_two_processes_with_one_rank_fail_every_rank_at_once_naming_it():
         assert "SLURMDIST_INIT_TIMEOUT" not in str(error), name  # no longer timeout would help
 
 
+ONE_PROGRAM = """
+import sys
+from slurmdist.bounds import Deadline
+from slurmdist.distenv import DistEnv
+from slurmdist.rendezvous import connect
+rank, port = int(sys.argv[1]), int(sys.argv[2])
+env = DistEnv("torchrun", rank, rank, 2, 2, 0, 1, "127.0.0.1", port, "7")
+meeting = connect(env, Deadline(20), {"TORCHELASTIC_USE_AGENT_STORE": "True"})
+meeting.wait_all()
+print("met at", meeting.keys.prefix, flush=True)
+"""
+
+
+def test_programs_run_one_after_another_at_one_agents_store_each_meet(agent_store):
+    # `slurmdist run -- bash -c "python prep.py && python train.py"`: the second program's ranks find their keys
+    # held by the first program's processes, which have ended. Not "checked in twice": they move on and meet.
+    import subprocess
+
+    port, store = agent_store
+    prefixes = []
+    for program in range(2):
+        ranks = [subprocess.Popen([sys.executable, "-c", ONE_PROGRAM, str(rank), str(port)], text=True,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE) for rank in range(2)]
+        outputs = [rank.communicate(timeout=60) for rank in ranks]
+        for rank, (out, err) in zip(ranks, outputs):
+            assert rank.returncode == 0 and out.startswith("met at "), err
+        assert len({out for out, _ in outputs}) == 1  # both ranks of a program met under one attempt
+        prefixes.append(outputs[0][0])
+    assert len(set(prefixes)) == 2 and store.check([state_key("slurmdist/7/-/-/-/0")])
+
+
 def test_a_rank_told_another_world_size_fails_every_rank_naming_both():
     port, outcome = free_port(), {}
     first = start_rank(port, 0, 3, outcome, "rank 0")
