@@ -17,7 +17,7 @@ import errno
 import os
 import socket
 from datetime import timedelta
-from typing import Any, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 from .distenv import LOOPBACK
 from .errors import RendezvousError
@@ -108,11 +108,18 @@ def serve_here(port: int, timeout: float, who: str = "rank 0", ipv6: bool = Fals
             listener.detach()
         raise
     listener.detach()  # the store owns the descriptor now and closes it with the store
+    if identity is not None:
+        _SERVED[bound] = identity
     return store
 
 
+# Port -> (device, inode) of the socket `serve_here` listens on: what `stop_listening` may stop, and nothing
+# else (a store the user served on the same port afterwards is theirs).
+_SERVED: Dict[int, Tuple[int, int]] = {}
+
+
 def stop_listening(port: int) -> int:
-    """Stop accepting connections on `port` in this process; returns how many sockets stopped.
+    """Stop accepting connections on `port` on the socket `serve_here` listened on; how many sockets stopped.
 
     For a store served here that outlives its process group: a DDP model, a `new_group()` handle or a saved
     `dist.group.WORLD` keeps the group, and with it the store, alive after `slurmdist.shutdown()`. Its port
@@ -121,10 +128,14 @@ def stop_listening(port: int) -> int:
     store's to close. Linux only (the sockets are found through /proc/self/fd); elsewhere nothing stops."""
     from .store_watchdog import shut_down_sockets
 
-    def listening_on_port(sock: socket.socket) -> bool:
-        return bool(sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)) and sock.getsockname()[1] == port
+    served = _SERVED.pop(port, None)
+    if served is None:
+        return 0
 
-    return shut_down_sockets(listening_on_port)
+    def the_served_listener(sock: socket.socket) -> bool:
+        return _identity(sock.fileno()) == served and bool(sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN))
+
+    return shut_down_sockets(the_served_listener)
 
 
 def _identity(fd: int) -> Optional[Tuple[int, int]]:

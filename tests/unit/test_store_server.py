@@ -201,3 +201,28 @@ def test_an_ipv6_master_gets_a_socket_ipv6_and_ipv4_ranks_reach():
         for address in ("::1", "127.0.0.1"):
             with socket.create_connection((address, port), timeout=5):
                 listener.accept()[0].close()
+
+
+def test_a_store_still_held_stops_listening_and_its_connections_keep_working():
+    # What shutdown() does when a DDP model still holds the group: the next init() must be able to serve here.
+    import torch.distributed as dist
+
+    old = store_server.serve_here(0, 30)
+    client = dist.TCPStore("127.0.0.1", old.port, None, False, timedelta(seconds=10))
+    client.set("k", "old")
+    assert store_server.stop_listening(old.port) == 1
+    new = store_server.serve_here(old.port, 30)  # the port is free again
+    assert new.port == old.port
+    assert client.get("k") == b"old"  # the old group's connection still works
+    assert store_server.stop_listening(old.port) == 1 and store_server.stop_listening(old.port) == 0
+
+
+def test_only_the_socket_slurmdist_served_is_stopped_never_another_on_that_port():
+    # After the user destroyed our group and formed their own on the same port: their listener is theirs.
+    served = store_server.serve_here(0, 30)
+    port = served.port
+    del served  # closed: the port is free
+    with socket.create_server(("", port)):
+        assert store_server.stop_listening(port) == 0
+        with socket.create_connection(("127.0.0.1", port), timeout=5):
+            pass  # still accepting
