@@ -71,7 +71,7 @@ def init(
         handling = sys.exc_info()[1]  # the caller's own exception, if init() runs in an except block
         if not isinstance(backend, str):
             raise BackendError(f"backend={backend!r} is not a backend name: use 'auto' (the default), "
-                                        "'nccl', 'hccl', 'mpi', 'gloo' or a form such as 'cpu:gloo,cuda:nccl'")
+                               "'nccl', 'hccl', 'mpi', 'gloo' or a form such as 'cpu:gloo,cuda:nccl'")
         seconds = bounds.init_timeout(timeout, environ)
         try:
             env = detect(environ)

@@ -18,9 +18,12 @@ wait out Slurm's KillWait). The requeued job starts the same script, which loads
 
 SIGTERM without a warning before it (a preemption, which sends the warning only where the cluster sets
 `preempt_send_user_signal`; `scancel`; a time limit the warning did not precede) also sets `requested`: rank 0
-saves at the next step boundary as above, and `requeue()` then ends every rank that calls it (status 143)
-without requeueing, since Slurm is ending the job itself (and requeues a preempted job on its own). A rank that
-kept stepping would only fail in its next collective, which rank 0 has left.
+saves at the next step boundary as above, and `requeue()` then ends it without requeueing, since Slurm is
+ending the job itself (and requeues a preempted job on its own). The other ranks keep stepping until Slurm ends
+them, and fail in their next collective once rank 0 has left it: they must not stop first, since Slurm signals
+each rank at its own moment and rank 0 may not have saved yet. To have every rank stop cleanly at one step,
+agree on it: an all_reduce (MAX) of `preemption.requested` at each step boundary, then every rank saves or
+stops at the same step (examples/train.py does this).
 
 The signal defaults to SIGUSR2, not SIGUSR1 (NCCL has used SIGUSR1); set it per call or with
 ``SLURMDIST_REQUEUE_SIGNAL``. Nothing here imports torch or submitit.
@@ -259,18 +262,18 @@ class Preemption:
     def requeue(self, environ: Optional[Mapping[str, str]] = None) -> None:
         """After rank 0 saved its checkpoint: requeue the job and end this process.
 
-        After a SIGTERM that no warning preceded, every rank exits here at once (status 143) without requeueing:
-        Slurm is ending the job and requeues a preempted one itself. After the warning, ranks other than 0 return
-        at once and keep stepping until Slurm ends them; rank 0 does not return: it requeues and waits (bounded)
-        to be ended. Raises `RequeueError` when the job cannot be requeued (not under Slurm, or out of
+        On ranks other than 0 this returns at once: they keep stepping until Slurm ends them (a rank may get its
+        signal before rank 0 does, and must not leave rank 0 alone in a collective before it saved). On rank 0
+        it does not return: it requeues and waits (bounded) to be ended, or, after a SIGTERM that no warning
+        preceded, exits at once (status 143) without requeueing: Slurm is ending the job and requeues a
+        preempted one itself. Raises `RequeueError` when the job cannot be requeued (not under Slurm, or out of
         requeues): the checkpoint is saved, resubmit to resume.
         """
-        if self.ending:  # every rank: one that kept stepping would fail in a collective rank 0 has left
-            if self.rank == 0:
-                log.warning("slurmdist: checkpoint saved; not requeued by slurmdist, since Slurm is ending the job")
-            exit_without_result(ENDED_EXIT_STATUS)
         if self.rank != 0:
             return
+        if self.ending:
+            log.warning("slurmdist: checkpoint saved; not requeued by slurmdist, since Slurm is ending the job")
+            exit_without_result(ENDED_EXIT_STATUS)
         environ = os.environ if environ is None else environ
         counter = LocalRestarts.of(environ) if under_local_executor(environ) else None
         restarts = counter.count() if counter else 0
