@@ -38,11 +38,11 @@ NODES_VARIABLES = ("SLURM_STEP_NUM_NODES", "SLURM_NNODES", "SLURM_JOB_NUM_NODES"
 LAYOUT_VARIABLES = ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE")
 NODELIST_VARIABLES = ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
 DISTRIBUTION_VARIABLE = "SLURM_DISTRIBUTION"
-# What to do about step variables that do not fit: srun sets them all together, per step.
-STEP_VARIABLES_STALE = ("srun sets it for each step: a value that does not fit comes from a hand-written export or "
-                        "is left over from an outer job. Unset those, or start the process with srun")
-STEP_VARIABLES_DISAGREE = ("the step variables contradict each other. srun sets them together for each step: some "
-                           "come from a hand-written export or an outer job. Unset those, or start the process with srun")
+# What to do about step variables that do not fit: srun sets them all together, for each step.
+STEP_VARIABLES_ADVICE = ("srun sets the step variables together, for each step: one that does not fit comes from a "
+                         "hand-written export or is left over from an outer job. Unset those, or start the process "
+                         "with srun")
+STEP_VARIABLES_DISAGREE = f"the step variables contradict each other. {STEP_VARIABLES_ADVICE}"
 # Heterogeneous jobs: the component count, and the first component's nodes (HET since Slurm 20.02, PACK before
 # and still beside it in 22.05).
 HET_SIZE_VARIABLES = ("SLURM_HET_SIZE", "SLURM_PACK_SIZE")
@@ -84,8 +84,8 @@ def read_step(environ: Mapping[str, str]) -> Optional[DistEnv]:
 
     if len(layout) != num_nodes:
         raise LaunchError(
-            f"srun: {layout_name}={quoted(environ[layout_name])} lists {len(layout)} nodes but {nodes_name}={num_nodes}: "
-            f"{STEP_VARIABLES_DISAGREE}",
+            f"srun: {layout_name}={quoted(environ[layout_name])} lists {len(layout)} nodes but "
+            f"{nodes_name}={num_nodes}: {STEP_VARIABLES_DISAGREE}",
             layout_name,
             environ[layout_name],
         )
@@ -284,7 +284,7 @@ def _first_host(environ: Mapping[str, str], num_nodes: int) -> str:
             hosts = hostlist.count(raw)
             first = hostlist.first(raw)
         except HostlistError as error:
-            raise LaunchError(f"{name}: {error}. {STEP_VARIABLES_STALE}", name, raw) from None  # it quotes the list
+            raise LaunchError(f"{name}: {error}. {STEP_VARIABLES_ADVICE}", name, raw) from None  # it quotes the list
         if name == "SLURM_STEP_NODELIST" and hosts != num_nodes:
             raise LaunchError(
                 f"{name}={quoted(raw)} names {hosts} hosts but the step has {num_nodes} nodes: "
