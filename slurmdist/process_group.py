@@ -45,9 +45,8 @@ def watchdog_grace(world_size: int) -> float:
 _lock = threading.RLock()
 # `group`: the default process group init() formed or adopted, to tell it from one formed after the user
 # destroyed it (`dist.destroy_process_group()`, the usual last line of a torch script).
-# `served_port`: the port of the store this process served (rank 0), to stop listening there at shutdown.
 _state: dict = {"env": None, "store": None, "generation": 0, "atexit": False, "owned": False, "interface": None,
-                "group": None, "served_port": None}
+                "group": None}
 
 
 def init(
@@ -173,7 +172,6 @@ def _meet(env: DistEnv, deadline: bounds.Deadline, environ: Mapping[str, str], c
         raise
     meeting.store.set_timeout(collective)  # later new_group() calls wait on the store as long as collectives
     _state["store"] = meeting.store
-    _state["served_port"] = env.master_port if rendezvous.serves_store(env, environ) else None
     return env
 
 
@@ -269,7 +267,7 @@ def shutdown() -> None:
             dist.destroy_process_group()
         _state["store"] = _state["group"] = None
         _forget_interface()
-        _stop_serving()
+        _stop_serving(env)
 
 
 def _default_group() -> Any:
@@ -290,9 +288,9 @@ def _live_env() -> Optional[DistEnv]:
         if _state["env"] is None or _default_group() is _state["group"]:
             return _state["env"]
         log.debug("the process group init() formed was destroyed outside slurmdist; forgetting it")
+        _stop_serving(_state["env"])
         _state["env"] = _state["store"] = _state["group"] = None
         _forget_interface()
-        _stop_serving()
         return None
 
 
@@ -304,13 +302,13 @@ def _forget_interface() -> None:
         del os.environ[interfaces.GLOO_INTERFACE_VARIABLE]
 
 
-def _stop_serving() -> None:
-    """Once the group is gone: stop listening on the port of the store this process served, so the next
-    `init()` can serve there even while something still holds the old group (a DDP model, a `new_group()`
-    handle), and with it the store. See `store_server.stop_listening`."""
-    port, _state["served_port"] = _state["served_port"], None
-    if port is not None:
-        store_server.stop_listening(port)
+def _stop_serving(env: DistEnv) -> None:
+    """Once the group is gone: stop listening on the store's port if this process served it (rank 0, no
+    agent), so the next `init()` can serve there even while something still holds the old group (a DDP model,
+    a `new_group()` handle), and with it the store. See `store_server.stop_listening`, which knows the socket
+    it served and leaves any other alone."""
+    if env.master_port is not None:
+        store_server.stop_listening(env.master_port)
 
 
 def _release_frames(exc: BaseException, keep: Optional[BaseException]) -> None:
