@@ -72,7 +72,6 @@ def _re(name: str) -> "re.Pattern[str]":
     return re.compile(_GRAMMAR[name])
 
 
-
 # (low, high, width): one range of a bracket group.
 Range = Tuple[int, int, int]
 
@@ -622,7 +621,7 @@ def compress(hosts: Iterable[str]) -> str:
     """
     if isinstance(hosts, (str, bytes)):  # iterating would compress its characters ('n,o,d,e,1')
         raise HostlistError(f"compress() takes a list of host names, not one string ({quoted(str(hosts))}); for a "
-                        "hostlist string, expand() it first")
+                            "hostlist string, expand() it first")
     items: List[str] = []
     prefix: Optional[str] = None
     numbers: List[str] = []

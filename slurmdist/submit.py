@@ -91,7 +91,8 @@ MANAGED_OPTIONS = frozenset({
     "mem", "job-name", "output", "error", "signal", "array", "open-mode", "wrap",
 })
 _OPTION_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")  # fullmatch: '$' would also pass a trailing newline
-_MEM = re.compile(r"\d+[KMGT]?B?", re.IGNORECASE | re.ASCII)  # sbatch takes no fractions ("1.5G"): a number is converted
+# sbatch takes no fractions ("1.5G"): a number is converted. re.ASCII: \d also matches other scripts' digits.
+_MEM = re.compile(r"\d+[KMGT]?B?", re.IGNORECASE | re.ASCII)
 
 
 class SubmitError(SlurmdistError):

@@ -188,7 +188,8 @@ def test_env_text_says_where_an_unknown_master_comes_from():
     task = load_case("slurm/srun_arbitrary_N2_n4")[1]
     text = slurmdist("env", environ=clean_environ(**task)).stdout
     assert "master_addr       - (srun -m arbitrary: init() reads it from SLURM_HOSTFILE)" in text
-    two_nodes = {**load_case("mpi/openmpi_np4")[1], "OMPI_COMM_WORLD_LOCAL_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "1"}
+    two_nodes = {**load_case("mpi/openmpi_np4")[1], "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
+                 "OMPI_COMM_WORLD_LOCAL_RANK": "1"}
     text = slurmdist("env", environ=clean_environ(**two_nodes)).stdout
     assert "master_addr       - (init() agrees on it over MPI)" in text
     by_hand = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1"}  # no MPI to agree over

@@ -470,10 +470,14 @@ def test_the_extern_step_is_not_a_task_step(step_id):
     assert detect({**task, "SLURM_STEP_ID": step_id}).launcher != "slurm"
 
 
+HUGE_NODELIST = "nid[" + ",".join(f"{i:06d}" for i in range(0, 40000, 2))  # 20,000 hosts, unterminated
+SRUN_ADVICE = "start the process with srun"
+
+
 @pytest.mark.parametrize("name, value, advice", [
-    ("SLURM_STEP_NODELIST", "nid[" + ",".join(f"{i:06d}" for i in range(0, 40000, 2)) + "]", "start the process with srun"),
-    ("SLURM_STEP_NODELIST", "nid[" + ",".join(f"{i:06d}" for i in range(0, 40000, 2)), "start the process with srun"),
-    ("SLURM_STEP_TASKS_PER_NODE", ",".join(["2"] * 30000), "start the process with srun"),  # too many nodes
+    ("SLURM_STEP_NODELIST", HUGE_NODELIST + "]", SRUN_ADVICE),  # more hosts than the step's nodes
+    ("SLURM_STEP_NODELIST", HUGE_NODELIST, SRUN_ADVICE),  # does not parse
+    ("SLURM_STEP_TASKS_PER_NODE", ",".join(["2"] * 30000), SRUN_ADVICE),  # too many nodes
     ("SLURM_STEP_TASKS_PER_NODE", ",".join(["2"] * 30000) + ",x", "expected a list such as"),  # does not parse
 ])
 def test_a_long_value_is_quoted_short_in_the_error_every_rank_logs(name, value, advice):

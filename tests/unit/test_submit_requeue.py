@@ -47,7 +47,8 @@ def test_a_local_jobs_restarts_are_counted_as_a_slurm_jobs_requeues(tmp_path):
     # examples/submit_train.py reports `restarts`: 0 after a real local restart before.
     from slurmdist.requeue import LocalRestarts
 
-    environ = {"SUBMITIT_EXECUTOR": "local", "SUBMITIT_FOLDER": str(tmp_path), "SUBMITIT_LOCAL_JOB_ID": str(os.getpid())}
+    environ = {"SUBMITIT_EXECUTOR": "local", "SUBMITIT_FOLDER": str(tmp_path),
+               "SUBMITIT_LOCAL_JOB_ID": str(os.getpid())}
     assert restart_count(environ) == 0
     LocalRestarts.of(environ).record(2)
     assert restart_count(environ) == 2
@@ -106,7 +107,8 @@ def test_a_local_job_counts_its_restarts_beside_its_logs(tmp_path):
 def test_a_local_restart_count_belongs_to_its_controller(tmp_path):
     # A folder without %j, and a later controller with the same pid (a container's pids repeat): its job
     # starts from 0, not from the count an earlier job left there.
-    environ = {"SUBMITIT_EXECUTOR": "local", "SUBMITIT_FOLDER": str(tmp_path), "SUBMITIT_LOCAL_JOB_ID": str(os.getpid())}
+    environ = {"SUBMITIT_EXECUTOR": "local", "SUBMITIT_FOLDER": str(tmp_path),
+               "SUBMITIT_LOCAL_JOB_ID": str(os.getpid())}
     counter = LocalRestarts.of(environ)
     assert counter.count() == 0
     counter.record(2)
