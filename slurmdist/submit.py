@@ -530,27 +530,42 @@ def wait(job: Any, timeout: float, *, poll: float = 1.0,
     Raises `JobTimeoutError` after `timeout` seconds; the job keeps running. `on_state` hears every change,
     `on_poll` is called at every poll (to stream a log, say).
     """
+    return _wait(job, timeout, poll, on_state, on_poll)[0]
+
+
+def _wait(job: Any, timeout: float, poll: float = 1.0, on_state: Optional[Callable[[str], None]] = None,
+          on_poll: Optional[Callable[[], None]] = None) -> Tuple[str, Optional[List[Tuple[Optional[str], Any]]]]:
+    """`wait`, which also hands back the tasks' outcomes when it read them to end early (None otherwise): they
+    may be large, and `results` need not load them twice."""
     deadline = time.monotonic() + timeout
     last = ""
     written_at: Optional[float] = None
+    a_task_raised = False
     while True:
         state = job_state(job, timeout=max(1.0, deadline - time.monotonic()))
+        outcomes = None
         # Every task reported but Slurm has not caught up (the step is completing): trust the results soon. Only
         # while the job runs, and only files written since this run started: a job requeued (and running again)
-        # may hold result files of the run before.
+        # may hold result files of the run before. Only when every task returned: after a task raised, the job
+        # ends as Slurm says (FAILED, or CANCELLED or PREEMPTED when that is why it raised), and soon.
         if state not in RESULTS_AHEAD_STATES:
-            written_at = None
-        elif written_at is None and _all_results_written(job) and _written_by_this_run(job, deadline):
+            written_at, a_task_raised = None, False
+        elif written_at is None and not a_task_raised and _all_results_written(job) and \
+                _written_by_this_run(job, deadline):
             written_at = time.monotonic()
         if written_at is not None and time.monotonic() - written_at > RESULT_GRACE:
-            state = "COMPLETED"
+            outcomes = _read_outcomes(job, grace=0.0)
+            if all(outcome == "success" for outcome, _ in outcomes):
+                state = "COMPLETED"
+            else:
+                written_at, a_task_raised, outcomes = None, True, None
         if state != last and on_state is not None:
             on_state(state)
         last = state
         if on_poll is not None:
             on_poll()
         if state in FINISHED_STATES:
-            return state
+            return state, outcomes
         if time.monotonic() >= deadline:
             stop = f"kill {job.job_id}" if is_local(job) else f"scancel {job.job_id}"  # a local job's id is a pid
             raise JobTimeoutError(f"job {job.job_id} still {state} after {timeout:.0f}s (it keeps running; "
@@ -561,8 +576,9 @@ def wait(job: Any, timeout: float, *, poll: float = 1.0,
 def results(job: Any, timeout: float, *, poll: float = 1.0) -> List[Any]:
     """Every task's return value, once the job ended. Raises `JobFailedError` with the first failing
     task's remote traceback, or with Slurm's state and the log's last lines when no task could report."""
-    state = wait(job, timeout, poll=poll)
-    outcomes = _read_outcomes(job, grace=result_grace(job, state))
+    state, outcomes = _wait(job, timeout, poll)
+    if outcomes is None:
+        outcomes = _read_outcomes(job, grace=result_grace(job, state))
     failed = [task for task, (outcome, _) in enumerate(outcomes) if outcome == "error"]
     if failed:
         # The first task to fail is the cause; the others usually failed because it left their collectives.

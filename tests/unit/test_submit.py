@@ -174,10 +174,12 @@ def test_names_that_would_break_an_sbatch_line_are_refused(field, value):
 class FinishedTasks:
     """A job whose every task has written its result file, as after a run that ended (or was requeued)."""
 
-    def __init__(self, folder, tasks=2):
+    def __init__(self, folder, tasks=2, outcome="success"):
+        import pickle
+
         self.job_id, self.num_tasks, self.folder = "42", tasks, folder
         for task in range(tasks):
-            self.task(task).paths.result_pickle.write_bytes(b"")
+            self.task(task).paths.result_pickle.write_bytes(pickle.dumps((outcome, task)))
 
     def task(self, index):
         return SimpleNamespace(paths=SimpleNamespace(result_pickle=self.folder / f"42_{index}_result.pkl"))
@@ -199,6 +201,19 @@ def test_result_files_end_the_wait_only_while_the_job_runs(tmp_path, monkeypatch
         with pytest.raises(submit.JobTimeoutError, match=f"job 42 still {state}"):
             submit.wait(job, timeout=1, poll=0.05, on_poll=lambda: polls.append(1))
     assert len(polls) > 1  # the caller's log tail ran at every poll
+
+
+def test_tasks_that_raised_do_not_end_the_wait_before_slurm_says_how_the_job_ended(tmp_path, monkeypatch):
+    # Every task wrote a result, but one that raised: the job ends FAILED (or CANCELLED, PREEMPTED: why it raised),
+    # not COMPLETED, and the caller is told what Slurm says.
+    import slurmdist.submit as submit
+
+    monkeypatch.setattr(submit, "RESULT_GRACE", 0.1)
+    states = iter(["RUNNING"] * 6 + ["FAILED"])
+    monkeypatch.setattr(submit, "job_state", lambda job, **_: next(states))
+    assert submit.wait(FinishedTasks(tmp_path, outcome="error"), timeout=30, poll=0.05) == "FAILED"
+    with pytest.raises(StopIteration):  # it asked Slurm until Slurm said the job had ended
+        next(states)
 
 
 COMMAND_UNDER_SUBMITIT = """
