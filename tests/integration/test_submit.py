@@ -31,6 +31,22 @@ LONG_STEPS = 300
 SLOW_STEPS = ["--steps", str(LONG_STEPS), "--step-seconds", "0.06"]
 
 
+def slow_until_requeued(example, checkpoint: Path):
+    """example.Train with SLOW_STEPS in its first run only: the slow steps are there for the signal to land,
+    and the requeued run, with nothing left to wait for, trains the rest at full speed (18 s less per test).
+    Sleeping changes no number, so the result is still an uninterrupted run's."""
+
+    class SlowUntilRequeued(example.Train):
+        def run(self, preemption):
+            from slurmdist.requeue import restart_count
+
+            if restart_count(os.environ):
+                self.train_args = ["--steps", str(LONG_STEPS)]
+            return super().run(preemption)
+
+    return SlowUntilRequeued(SLOW_STEPS, str(checkpoint))
+
+
 def _load(name: str, path: Path):
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
@@ -143,7 +159,7 @@ def test_preempted_job_checkpoints_requeues_and_resumes(cluster, example, refere
 
     steps = LONG_STEPS
     submitter = Submitter(nodes=2, tasks_per_node=2, time=5, folder=tmp_path / "%j")
-    job = submitter.submit(example.Train(SLOW_STEPS, str(tmp_path / "ckpt.pt")))
+    job = submitter.submit(slow_until_requeued(example, tmp_path / "ckpt.pt"))
     wait_for_line(job.paths.stdout, rf"step \d+/{steps}")  # training is under way
     cluster.run(["scancel", "--signal=USR2", job.job_id])
     outcome = results(job, timeout=TIMEOUT)
@@ -181,7 +197,7 @@ def test_a_preempted_job_saves_on_sigterm_is_requeued_by_slurm_and_resumes(clust
 
     steps = LONG_STEPS
     submitter = Submitter(nodes=2, tasks_per_node=1, time=5, folder=tmp_path / "%j")
-    job = submitter.submit(example.Train(SLOW_STEPS, str(tmp_path / "ckpt.pt")))
+    job = submitter.submit(slow_until_requeued(example, tmp_path / "ckpt.pt"))
     wait_for_line(job.paths.stdout, rf"step \d+/{steps}")
     cluster.run(["sbatch", "--partition=urgent", "--nodes=2", "--exclusive", f"--output={tmp_path / 'urgent.out'}",
                  "--wrap=sleep 1"])
