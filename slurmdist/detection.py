@@ -4,8 +4,8 @@ Precedence, first match wins:
 
 1. torchrun (often run inside srun, one agent per node: its children's variables describe them)
 2. submitit's LocalExecutor (its tasks may inherit an outer allocation's SLURM_* variables)
-3. an srun step, unless an MPI launcher's own variables disagree with it (mpirun inside an allocation
-   starts its daemons with srun, so its ranks carry the daemons' step variables)
+3. an srun step, unless an MPI launcher's complete variables are present (mpirun inside an allocation starts
+   its daemons with srun, so its ranks carry the daemons' step variables)
 4. MPI launchers: Open MPI, MVAPICH2, Cray PALS, LSF jsrun, PMI (MPICH, Intel MPI, Hydra), Flux
 5. a Slurm job outside any step: the batch script with several tasks is an error, an salloc shell a warning
 6. a single process, unless RANK or WORLD_SIZE say it is one of several (an incomplete env:// export: an error)
@@ -13,7 +13,6 @@ Precedence, first match wins:
 
 from __future__ import annotations
 
-import logging
 import os
 from typing import Callable, Dict, Mapping, Optional
 
@@ -22,8 +21,6 @@ from .envvars import explicit_master, scheduler_job_id
 from .errors import LaunchError
 from .launchers import flux, mpi, slurm, submitit_local, torchrun
 from .notices import warn_once
-
-logger = logging.getLogger("slurmdist")
 
 Reader = Callable[[Mapping[str, str]], Optional[DistEnv]]
 
@@ -67,32 +64,41 @@ def detect(environ: Optional[Mapping[str, str]] = None) -> DistEnv:
 
 
 def _unless_stale(env: DistEnv, environ: Mapping[str, str]) -> DistEnv:
-    """torchrun's variables exported by hand (TORCHELASTIC_RUN_ID unset) that contradict the srun step this
-    process is a task of get a warning. Exported once in the job script, every task has the same RANK, and
-    init() fails far away ('checked in twice', no master address); left over from a notebook or an outer job,
-    each task trains alone as rank 0. They are still used: a launcher of its own inside the tasks (DeepSpeed's,
-    accelerate's, mpirun's), a helper process (`WORLD_SIZE=1` for an evaluation), or one independent run per
-    task sets them on purpose, and no task can tell those from a mistake. `SLURMDIST_LAUNCHER=torchrun`
-    silences it."""
+    """torchrun's variables exported by hand (TORCHELASTIC_RUN_ID unset) that contradict the launch this process
+    is a task of (an srun step, else an MPI launcher's ranks) get a warning. Exported once in the job script,
+    every task has the same RANK, and init() fails far away ('checked in twice', no master address); left over
+    from a notebook, an outer job or an `eval "$(slurmdist env --format shell)"`, each task trains alone as
+    rank 0. They are still used: a launcher of its own inside the tasks (DeepSpeed's, accelerate's, mpirun's),
+    a helper process (`WORLD_SIZE=1` for an evaluation), or one independent run per task sets them on purpose,
+    and no task can tell those from a mistake. `SLURMDIST_LAUNCHER=torchrun` silences it."""
     if "TORCHELASTIC_RUN_ID" in environ:
         return env
     try:
         step = slurm.read_step(environ)
-    except LaunchError:  # the step's own variables are malformed: the exported ones are all there is
+        by_mpi = _read_mpi(environ, inside_step=step is not None)
+    except LaunchError:  # the launch's own variables are malformed: the exported ones are all there is
         return env
-    if step is None or env.world_size > step.world_size or _same_placement(env, step):
+    outer = step or by_mpi
+    if outer is None or env.world_size > outer.world_size or _same_placement(env, outer):
         return env
-    by_mpi = _read_mpi(environ, inside_step=True)
-    if by_mpi is not None and _same_placement(env, by_mpi):
+    if by_mpi is not None and _same_placement(env, by_mpi):  # placed by mpirun inside the allocation
         return env
+    if step is not None:
+        place = f"task {outer.rank} of {outer.world_size} (local {outer.local_rank} of {outer.local_world_size}) of srun "\
+                f"step {slurm.step_id(environ) or '?'} of job {step.job_id}"
+        advice = ("Exported once in the job script, they are the same in every task (unset them: slurmdist reads "
+                  "srun's own variables, and `srun slurmdist run -- ...` sets them per task); left over from "
+                  "elsewhere, unset them")
+    else:
+        place = f"rank {outer.rank} of {outer.world_size} (local {outer.local_rank} of {outer.local_world_size}) of "\
+                f"this {outer.launcher} launch"
+        advice = (f"Left over from elsewhere (an `eval \"$(slurmdist env --format shell)\"` in this shell), unset them: "
+                  f"slurmdist reads {outer.launcher}'s own variables, and `mpirun slurmdist run -- ...` sets them "
+                  "per rank")
     warn_once(
         f"slurmdist: RANK={env.rank} WORLD_SIZE={env.world_size} LOCAL_RANK={env.local_rank} LOCAL_WORLD_SIZE="
-        f"{env.local_world_size} are set by hand (TORCHELASTIC_RUN_ID is not) but this process is task "
-        f"{step.rank} of {step.world_size} (local {step.local_rank} of {step.local_world_size}) of srun step "
-        f"{slurm.step_id(environ) or '?'} of job {step.job_id}; using them. Exported once in the job script, they "
-        "are the same in every task (unset them: slurmdist reads srun's own variables, and `srun slurmdist run "
-        "-- ...` sets them per task); left over from elsewhere, unset them. Set SLURMDIST_LAUNCHER=torchrun if "
-        "they are meant",
+        f"{env.local_world_size} are set by hand (TORCHELASTIC_RUN_ID is not) but this process is {place}; using "
+        f"them. {advice}. Set SLURMDIST_LAUNCHER=torchrun if they are meant",
         __file__,
     )
     return env
@@ -129,30 +135,37 @@ def _started_inside_step(step: DistEnv, launched_by_mpi: Optional[DistEnv], envi
     two such jobs at once would otherwise both meet at the step's port."""
     if launched_by_mpi is not None and launched_by_mpi.launcher == "flux" and flux.TASK_RANK in environ:
         return True
-    return _mpirun_inside_step(step, launched_by_mpi)
+    return _mpirun_inside_step(step, launched_by_mpi, environ)
 
 
-def _mpirun_inside_step(step: DistEnv, launched_by_mpi: Optional[DistEnv]) -> bool:
-    """True when an MPI launcher started this process from daemons that srun started.
+def _mpirun_inside_step(step: DistEnv, launched_by_mpi: Optional[DistEnv], environ: Mapping[str, str]) -> bool:
+    """True when an MPI launcher's complete variables (its local rank too) are present: mpirun's daemons, which
+    srun started, started this process, so MPI's variables describe it and the daemon step's do not. srun's own
+    PMI (``--mpi=pmi2``) sets no local rank, and `_read_mpi` passes it over.
 
-    srun's own PMI (``--mpi=pmi2``) agrees with the step on every placement; mpirun's daemon step (one task
-    per node) does not, though rank and size alone can agree (``mpirun -np 2`` with both ranks on node 1:
-    rank 0 of 2, like the daemon step's task 0 of 2).
+    Decided the same way on every rank: comparing each rank with the daemon step instead would read a rank
+    that happens to sit where the daemon does (rank 0, and rank 2 of 3 with ``--host`` in the allocation's
+    order) as the step's task and its neighbours as MPI's, and the two halves would wait for each other. A
+    daemon step has one task per node, so a step with several tasks here did not start these ranks: its MPI
+    variables are most likely inherited (a job submitted from inside an mpirun rank), which gets a warning.
     """
     if launched_by_mpi is None:
         return False
-    disagree = not _same_placement(launched_by_mpi, step)
-    if disagree:
-        logger.debug(
-            "slurmdist: %s ranks inside srun step (rank %d of %d vs step task %d of %d): using %s",
-            launched_by_mpi.launcher,
-            launched_by_mpi.rank,
-            launched_by_mpi.world_size,
-            step.rank,
-            step.world_size,
-            launched_by_mpi.launcher,
+    if step.local_world_size > 1 and not _same_placement(launched_by_mpi, step):
+        spec = mpi.SPEC_OF.get(launched_by_mpi.launcher)
+        named = f"{spec.rank}, {spec.size}" if spec else "its variables"
+        warn_once(
+            f"slurmdist: {named} say this process is rank {launched_by_mpi.rank} of {launched_by_mpi.world_size} "
+            f"(local {launched_by_mpi.local_rank} of {launched_by_mpi.local_world_size}) of a "
+            f"{launched_by_mpi.launcher} launch, but it is task {step.rank} of {step.world_size} of srun step "
+            f"{slurm.step_id(environ) or '?'} of job {step.job_id}, with {step.local_world_size} tasks on this "
+            "node: mpirun's daemons run one per node, so these variables were most likely inherited (a job "
+            f"submitted from inside an mpirun rank). Using the {launched_by_mpi.launcher} ones; unset them if they "
+            f"are left over, or set SLURMDIST_LAUNCHER=slurm to read the step (SLURMDIST_LAUNCHER="
+            f"{launched_by_mpi.launcher} if they are meant)",
+            __file__,
         )
-    return disagree
+    return True
 
 
 _PLACEMENT = ("rank", "world_size", "local_rank", "local_world_size")

@@ -7,7 +7,7 @@ learns them over MPI itself.
 
 from __future__ import annotations
 
-from typing import Mapping, NamedTuple, Optional, Tuple
+from typing import Dict, Mapping, NamedTuple, Optional, Tuple
 
 from ..distenv import LOOPBACK, DistEnv
 from ..envvars import (
@@ -45,6 +45,7 @@ PMI = RankVariables("pmi", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCAL
 
 # Most specific first: PALS and MVAPICH2 (under Hydra) also set PMI_RANK/PMI_SIZE.
 SPECS: Tuple[RankVariables, ...] = (OPENMPI, MVAPICH, PALS, JSRUN, PMI)
+SPEC_OF: Dict[str, RankVariables] = {spec.launcher: spec for spec in SPECS}
 
 
 def read(spec: RankVariables, environ: Mapping[str, str]) -> Optional[DistEnv]:

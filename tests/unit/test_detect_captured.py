@@ -140,6 +140,73 @@ def test_mpirun_inside_an_allocation_wins_even_where_rank_and_size_match_the_dae
     assert len({(env.master_addr, env.master_port) for env in found}) == 1
 
 
+def daemon_step_task(task: int, nodes: int) -> Dict[str, str]:
+    """The captured mpirun rank's Slurm variables, as those of daemon `task` of an N-node daemon step."""
+    captured = next(iter(launches_of("salloc_N2_mpirun_np4").values()))[0][0]
+    everywhere = f"node[1-{nodes}]"
+    return {**captured, "SLURM_STEP_NUM_TASKS": str(nodes), "SLURM_STEP_NUM_NODES": str(nodes), "SLURM_NTASKS": str(nodes),
+            "SLURM_NNODES": str(nodes), "SLURM_JOB_NUM_NODES": str(nodes), "SLURM_STEP_TASKS_PER_NODE": f"1(x{nodes})",
+            "SLURM_STEP_NODELIST": everywhere, "SLURM_NODELIST": everywhere, "SLURM_JOB_NODELIST": everywhere,
+            "SLURM_PROCID": str(task), "SLURM_NODEID": str(task), "SLURM_GTIDS": str(task), "SLURM_LOCALID": "0",
+            "SLURMD_NODENAME": f"node{task + 1}", "SLURM_TOPOLOGY_ADDR": f"node{task + 1}"}
+
+
+@pytest.mark.parametrize("daemons", [(0, 1), (1, 0), (0, 2, 1)], ids=["in order", "reversed", "rank 0 in place"])
+def test_mpirun_inside_an_allocation_is_read_the_same_way_on_every_rank(daemons):
+    # One rank per node, on the nodes in `--host` order. Where a rank sits as its node's daemon does (rank 0 of
+    # 3 on node 1, task 0 of the daemon step), reading the step there and MPI on its neighbours split the
+    # launch in two halves that wait for each other until the timeout.
+    found = []
+    for rank, daemon in enumerate(daemons):
+        environ = {**daemon_step_task(daemon, len(daemons)), "OMPI_COMM_WORLD_SIZE": str(len(daemons)),
+                   "OMPI_COMM_WORLD_RANK": str(rank), "OMPI_COMM_WORLD_LOCAL_RANK": "0", "OMPI_COMM_WORLD_LOCAL_SIZE": "1",
+                   "OMPI_COMM_WORLD_NODE_RANK": "0", "PMIX_RANK": str(rank)}
+        found.append(detect(environ))
+    assert [(env.launcher, env.rank) for env in found] == [("openmpi", rank) for rank in range(len(daemons))]
+    assert {(env.master_addr, env.master_port) for env in found} == {(None, None)}  # agreed over MPI at init
+
+
+@pytest.fixture
+def inherited_warnings(caplog):
+    caplog.set_level(logging.WARNING, logger="slurmdist")
+    return lambda: [r.getMessage() for r in caplog.records if "most likely inherited" in r.getMessage()]
+
+
+def test_mpi_variables_inherited_into_an_srun_step_get_a_warning(inherited_warnings):
+    # A job submitted from inside an `mpirun -np 1` rank: every task of `srun -N2 -n4` carries rank 0 of 1.
+    # A step with two tasks on a node cannot be mpirun's daemons (one per node), so the variables are suspect.
+    stale = {"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "1", "OMPI_COMM_WORLD_LOCAL_RANK": "0",
+             "OMPI_COMM_WORLD_LOCAL_SIZE": "1", "PMIX_NAMESPACE": "prterun-vm-1234@1"}
+    task = load_case("slurm/srun_N2_tpn2")[1]
+    assert (detect({**task, **stale}).launcher, detect({**task, **stale}).world_size) == ("openmpi", 1)
+    (warned,) = inherited_warnings()
+    assert "OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE say this process is rank 0 of 1" in warned
+    assert "task 1 of 4 of srun step" in warned and "SLURMDIST_LAUNCHER=slurm" in warned
+    forced = detect({**task, **stale, "SLURMDIST_LAUNCHER": "slurm"})
+    assert (forced.launcher, forced.rank, forced.world_size) == ("slurm", 1, 4)
+
+
+def test_mpirun_ranks_inside_a_daemon_step_get_no_warning(inherited_warnings):
+    for environ, _ in next(iter(launches_of("salloc_N2_mpirun_np4").values())):
+        detect(environ)
+    assert inherited_warnings() == []
+
+
+def test_torchrun_variables_left_over_under_mpirun_get_a_warning(stale_warnings):
+    # `eval "$(slurmdist env --format shell)"` in this shell, then mpirun: each rank would train alone.
+    ranks = load_case("mpi/openmpi_np4")
+    stale = by_hand(RANK=0, WORLD_SIZE=1, LOCAL_RANK=0, LOCAL_WORLD_SIZE=1)
+    assert all(detect({**rank, **stale}).world_size == 1 for rank in ranks)  # used, as under srun
+    warned = stale_warnings()
+    assert len(warned) == 4 and all(re.search(r"WORLD_SIZE=1 .* rank [0-3] of 4 .* of this openmpi launch", w) for w in warned)
+    assert "mpirun slurmdist run" in warned[0] and "SLURMDIST_LAUNCHER=torchrun" in warned[0]
+    placed = [detect({**rank, **by_hand(RANK=int(rank["OMPI_COMM_WORLD_RANK"]), WORLD_SIZE=4,
+                                      LOCAL_RANK=int(rank["OMPI_COMM_WORLD_LOCAL_RANK"]), LOCAL_WORLD_SIZE=4)})
+              for rank in ranks]
+    assert [env.rank for env in placed] == [int(r["OMPI_COMM_WORLD_RANK"]) for r in ranks]
+    assert len(stale_warnings()) == 4  # `mpirun slurmdist run` placed them as Open MPI does: no word
+
+
 def by_hand(**variables: int) -> Dict[str, str]:
     """torchrun's variables as a script exports them itself (no TORCHELASTIC_RUN_ID)."""
     return {name: str(value) for name, value in variables.items()}
