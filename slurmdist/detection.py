@@ -198,8 +198,8 @@ def _forced(name: str, environ: Mapping[str, str]) -> DistEnv:
     reader = READERS.get(name)
     if reader is None:
         choices = ", ".join(sorted([*READERS, "single"]))
-        raise LaunchError(f"{FORCE_VARIABLE}={name!r} is not a launcher slurmdist reads; use one of {choices}",
-                          FORCE_VARIABLE, name)
+        raise LaunchError(f"{FORCE_VARIABLE}={name!r} is not a launcher slurmdist reads; use one of {choices} "
+                          "(MPICH, Intel MPI and other Hydra launches are pmi)", FORCE_VARIABLE, name)
     env = reader(environ)
     if env is None:
         raise LaunchError(

@@ -152,10 +152,10 @@ def resolve_addresses(host: str, environ: Mapping[str, str], timeout: float = 10
     failed = lookup_failure(f"master host {bare!r}", own)
     if own.server_failed is None:
         failed += " (DNS / /etc/hosts)"
+    asked_slurm = (f" and Slurm gave no usable NodeAddr for it (scontrol show node {bare}"
+                   f"{' -> ' + node_addr if node_addr else ''})") if "SLURM_JOB_ID" in environ or node_addr else ""
     raise RendezvousError(
-        f"{failed} and Slurm gave no usable NodeAddr for it "
-        f"(scontrol show node {bare}{' -> ' + node_addr if node_addr else ''}); set MASTER_ADDR to an IP "
-        "address or a name every node can resolve"
+        f"{failed}{asked_slurm}; set MASTER_ADDR to an IP address or a name every node can resolve"
     )
 
 

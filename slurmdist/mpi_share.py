@@ -31,26 +31,32 @@ def mpi_comm(env: DistEnv, environ: Mapping[str, str], timeout: float = DEFAULT_
         MPI = _import_mpi(timeout, (
             f"slurmdist: MPI_Init did not complete within {timeout:.0f} s on rank {env.rank} (world size "
             f"{env.world_size}): it waits for every rank of the launch, so some rank has not reached "
-            "slurmdist.init() (crashed, stuck before it, or never started: check the launcher's task count). "
+            "slurmdist.init() or `slurmdist run` (crashed, stuck before it, or never started: check the launcher's "
+            "task count). "
             f"Ending this process. Raise {TIMEOUT_VARIABLE} if the ranks are only slow, or set MASTER_ADDR and "
             "MASTER_PORT to skip MPI\n"
         ))
     except ImportError as exc:
-        lacking = (
-            "spans several nodes and gives no master address"
-            if env.master_addr is None
-            else "gives no master port (on one node only Open MPI's does)"
-        )
+        if env.master_addr is None:
+            lacking, share, fix = "spans several nodes and gives no master address", "address and port", \
+                "MASTER_ADDR and MASTER_PORT"
+        elif "MASTER_ADDR" in environ:
+            lacking, share, fix = "gives no master port (MASTER_ADDR is set, MASTER_PORT is not)", "port", \
+                "MASTER_PORT (a free port on MASTER_ADDR's host)"
+        else:
+            lacking, share, fix = "gives no master port (of the MPI launches, only Open MPI's on one node does)", \
+                "port", "MASTER_PORT"
         raise RendezvousError(
-            f"the {env.launcher} launch {lacking}, so slurmdist needs mpi4py to share rank 0's address and "
-            f"port (pip install mpi4py against your MPI), or set MASTER_ADDR and MASTER_PORT yourself ({exc})"
+            f"the {env.launcher} launch {lacking}, so slurmdist needs mpi4py to share rank 0's {share} "
+            f"(pip install mpi4py against your MPI), or set {fix} yourself ({exc})"
         ) from None
     comm = MPI.COMM_WORLD
     if comm.Get_size() != env.world_size or comm.Get_rank() != env.rank:
         raise RendezvousError(
             f"MPI says rank {comm.Get_rank()} of {comm.Get_size()} but the {env.launcher} variables say rank "
-            f"{env.rank} of {env.world_size}; mpi4py is linked against a different MPI than the launcher "
-            "(rebuild mpi4py with the launcher's mpicc)"
+            f"{env.rank} of {env.world_size}: mpi4py is linked against a different MPI than the launcher "
+            "(rebuild mpi4py with the launcher's mpicc), or those variables were changed or inherited from "
+            "another launch (unset them)"
         )
     return comm
 
@@ -96,12 +102,24 @@ def mpi_broadcast(comm: Any, text: Optional[str], deadline: Deadline, size: int 
     pauses = poll_pauses()
     while not request.Test():
         if deadline.expired():
+            _abort_at_exit()
+            waiting_for = "rank 0 has not" if text is None else "the other ranks have not all"
             raise RendezvousError(
-                f"rank 0 did not share its address over MPI within {deadline.seconds:.0f} s "
-                f"(world size {comm.Get_size()}): rank 0 has not reached slurmdist.init()"
+                f"rank {comm.Get_rank()}: rank 0's address was not shared over MPI within {deadline.seconds:.0f} s "
+                f"(world size {comm.Get_size()}): {waiting_for} reached this slurmdist.init() or `slurmdist run` "
+                "(crashed, stuck before it, or never calling it). This process ends the MPI job when it exits"
             )
         time.sleep(next(pauses))
     return bytes(buffer).rstrip(b"\0").decode()
+
+
+def _abort_at_exit() -> None:
+    """End this process with MPI_Abort, not MPI_Finalize, when Python exits: with a broadcast still pending,
+    MPI_Finalize waits for the ranks that never came (Open MPI's is a fence), and the job would outlive the
+    error until they do. MPI_Abort makes the launcher end every rank, as `python -m mpi4py` does on an error."""
+    from mpi4py.run import set_abort_status
+
+    set_abort_status(1)
 
 
 def require_mpi_launcher(env: DistEnv) -> None:

@@ -1,8 +1,8 @@
 """MPI launchers that export rank variables: Open MPI, MVAPICH2, Cray PALS, LSF jsrun and PMI (MPICH/Hydra).
 
-They differ only in the variable names, so each is one row of `RankVariables`. None of them exports a node
-index, so across several nodes `node_rank`, `num_nodes` and the master address stay None until `init()`
-learns them over MPI itself.
+They differ only in the variable names, so each is one row of `RankVariables`. Only PALS exports a node index,
+so across several nodes `node_rank` and `num_nodes` stay None (MPI numbers ranks, not nodes), and the master
+address stays None until `init()` learns rank 0's over MPI itself.
 """
 
 from __future__ import annotations
@@ -64,6 +64,9 @@ def read(spec: RankVariables, environ: Mapping[str, str]) -> Optional[DistEnv]:
         local_rank = require_count(environ, spec.local_rank, name, why=unknown)
     check_index(name, spec.local_rank, local_rank, spec.local_size, local_world_size)
     check_within(name, spec.local_size, local_world_size, spec.size, world_size)
+    node_rank = read_count(environ, spec.node_rank) if spec.node_rank else None
+    if node_rank is not None:  # no more nodes than ranks
+        check_index(name, str(spec.node_rank), node_rank, spec.size, world_size)
     return rank_env(
         environ,
         launcher=name,
@@ -71,7 +74,7 @@ def read(spec: RankVariables, environ: Mapping[str, str]) -> Optional[DistEnv]:
         local_rank=local_rank,
         world_size=world_size,
         local_world_size=local_world_size,
-        node_rank=read_count(environ, spec.node_rank) if spec.node_rank else None,
+        node_rank=node_rank,
         launch_id=read_text(environ, spec.launch_id) if spec.launch_id else None,
     )
 

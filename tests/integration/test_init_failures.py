@@ -76,8 +76,10 @@ def test_a_frozen_store_host_ends_the_other_ranks_in_bounded_time():
 
 
 LATE_UNDER_MPIRUN = """
-import os, time
+import os, sys, time
 os.environ["OMPI_COMM_WORLD_LOCAL_SIZE"] = "1"  # as if each rank ran on a node of its own: the mpi4py path
+if sys.argv[1:] == ["mpi-first"]:
+    from mpi4py import MPI  # an MPI program: MPI_Init done before slurmdist's, so rank 0 waits in the broadcast
 import slurmdist
 if os.environ["OMPI_COMM_WORLD_RANK"] == "1":
     time.sleep(60)  # never reaches init() within rank 0's bound
@@ -85,15 +87,21 @@ slurmdist.init()
 """
 
 
-def test_mpi_init_waiting_for_a_missing_rank_is_bounded():
+@pytest.mark.parametrize("order, says", [
+    ("slurmdist-first", "MPI_Init did not complete within 3 s on rank 0 (world size 2)"),
+    ("mpi-first", "rank 0: rank 0's address was not shared over MPI within 3 s (world size 2): the other ranks "
+                  "have not all reached"),
+])
+def test_mpi_init_waiting_for_a_missing_rank_is_bounded(order, says):
     # MPI_Init (mpi4py's import, to share rank 0's port) waits for every rank and holds the interpreter lock
-    # meanwhile: rank 0 must still end within its timeout, saying why, and mpirun then ends the job.
+    # meanwhile: rank 0 must still end within its timeout, saying why, and mpirun then ends the job. Where the
+    # program ran MPI_Init itself, rank 0 waits in the broadcast instead, and names the others, not itself.
     env = clean_environ(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", SLURMDIST_INIT_TIMEOUT="3")
     started = time.monotonic()
-    result = run([tool("mpirun"), "-np", "2", "--oversubscribe", PYTHON, "-c", LATE_UNDER_MPIRUN], env)
+    result = run([tool("mpirun"), "-np", "2", "--oversubscribe", PYTHON, "-c", LATE_UNDER_MPIRUN, order], env)
     took = time.monotonic() - started
     assert result.returncode != 0
-    assert "MPI_Init did not complete within 3 s on rank 0 (world size 2)" in result.stdout + result.stderr
+    assert says in result.stdout + result.stderr, result.stdout + result.stderr
     assert took < 45, took  # rank 1 alone sleeps 60 s: a bound on a hang, with room for a busy machine
 
 

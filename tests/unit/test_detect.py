@@ -488,3 +488,16 @@ def test_a_long_value_is_quoted_short_in_the_error_every_rank_logs(name, value, 
     assert name in message and f"({len(value)} characters)" in message and len(message) < 700, message
     assert advice in message
     assert raised.value.value == value  # the whole value stays on the exception
+
+
+def test_a_pals_node_index_past_the_ranks_is_refused():
+    # PALS is the one MPI launcher that numbers nodes: node 5 of a 4-rank launch cannot exist.
+    pals = {"PALS_RANKID": "1", "PMI_SIZE": "4", "PALS_LOCAL_RANKID": "0", "PALS_LOCAL_SIZE": "1"}
+    assert detect({**pals, "PALS_NODEID": "1"}).node_rank == 1
+    with pytest.raises(LaunchError, match=r"PALS_NODEID.*5.*PMI_SIZE"):
+        detect({**pals, "PALS_NODEID": "5"})
+
+
+def test_forcing_mpich_by_name_points_at_pmi():
+    with pytest.raises(LaunchError, match=r"SLURMDIST_LAUNCHER='mpich' .*MPICH, Intel MPI and other Hydra launches are pmi"):
+        detect({"SLURMDIST_LAUNCHER": "mpich", "PMI_RANK": "0", "PMI_SIZE": "1"})

@@ -129,8 +129,12 @@ def test_a_name_server_that_never_answers_is_told_apart_from_an_unknown_name(mon
 def test_resolve_host():
     assert resolve_host("localhost", {}) == "localhost"
     assert resolve_host("[::1]", {}) == "::1"
-    with pytest.raises(RendezvousError, match=unresolved("master host 'no-such-node.invalid'")):
+    with pytest.raises(RendezvousError, match=unresolved("master host 'no-such-node.invalid'")) as outside_slurm:
         resolve_host("no-such-node.invalid", {"PATH": ""})  # no scontrol either
+    assert "Slurm" not in str(outside_slurm.value)  # a plain mpirun's MASTER_ADDR: no Slurm to blame
+    with pytest.raises(RendezvousError, match="Slurm gave no usable NodeAddr for it") as in_a_job:
+        resolve_host("no-such-node.invalid", {"PATH": "", "SLURM_JOB_ID": "7"})
+    assert "set MASTER_ADDR" in str(in_a_job.value)
 
 
 def test_a_slurmctld_that_never_answers_costs_one_lookup_bound_not_the_init_timeout(tmp_path, monkeypatch):
@@ -613,19 +617,22 @@ def test_busy_port():
 
 
 @pytest.mark.parametrize(
-    "layout, says",
+    "layout, says, fix",
     [
-        ({"MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "2"}, "the pmi launch gives no master port"),  # one node
-        ({"MPI_LOCALRANKID": "0", "MPI_LOCALNRANKS": "1"}, "the pmi launch spans several nodes and gives no master"),
+        ({"MPI_LOCALRANKID": "1", "MPI_LOCALNRANKS": "2"}, "the pmi launch gives no master port", "MASTER_PORT"),
+        ({"MPI_LOCALRANKID": "0", "MPI_LOCALNRANKS": "1"}, "the pmi launch spans several nodes and gives no master",
+         "MASTER_ADDR and MASTER_PORT"),
+        ({"MPI_LOCALRANKID": "0", "MPI_LOCALNRANKS": "1", "MASTER_ADDR": "node1"},
+         r"the pmi launch gives no master port \(MASTER_ADDR is set, MASTER_PORT is not\)", "MASTER_PORT (a free port"),
     ],
 )
-def test_an_mpi_launch_without_mpi4py_says_what_it_lacks(monkeypatch, layout, says):
+def test_an_mpi_launch_without_mpi4py_says_what_it_lacks(monkeypatch, layout, says, fix):
     # MPICH / Intel MPI give no port even on one node, so they need mpi4py there too (Open MPI does not).
     monkeypatch.setitem(sys.modules, "mpi4py", None)  # import fails as when it is not installed
-    env = detect({"PMI_RANK": "1", "PMI_SIZE": "2", **layout})
+    environ = {"PMI_RANK": "1", "PMI_SIZE": "2", **layout}
     with pytest.raises(RendezvousError, match=says) as raised:
-        mpi_comm(env, {})
-    assert "pip install mpi4py" in str(raised.value) and "set MASTER_ADDR and MASTER_PORT" in str(raised.value)
+        mpi_comm(detect(environ), environ)
+    assert "pip install mpi4py" in str(raised.value) and f"set {fix}" in str(raised.value)
 
 
 def test_resolve_master_keeps_what_detect_gave():
