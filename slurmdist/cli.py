@@ -10,6 +10,8 @@ import signal
 import sys
 from typing import Callable, Dict, Optional, Sequence
 
+from .argv import command_words
+from .bounds import positive_seconds
 from .distenv import DistEnv
 from .envvars import whole_number
 from .errors import SlurmdistError
@@ -178,15 +180,9 @@ def _run(args: argparse.Namespace) -> int:
     from .detection import detect
     from .rendezvous import AGENT_STORE_VARIABLE, RESTART_COUNT_VARIABLE, resolve_master
 
-    command = list(args.command)
-    if command and command[0] == "--":
-        command = command[1:]
-    if not command:
-        raise SlurmdistError("slurmdist run needs a command: `slurmdist run -- python train.py ARGS...`")
-    if not command[0].strip():
-        raise SlurmdistError(f"slurmdist run: the command's name is empty ({command[0]!r}, then "
-                             f"{shlex.join(command[1:]) or 'nothing'}): a shell variable such as \"$PYTHON\" that is "
-                             "unset or empty in the job script? Give the program to run first")
+    command = command_words(args.command, "slurmdist run", "slurmdist run -- python train.py ARGS...")
+    if args.timeout is not None:
+        positive_seconds("--timeout", args.timeout, SlurmdistError)
     # Always resolved, not only when detect() left it open: the command's own env:// start (torch's TCPStore)
     # cannot fall back to Slurm's NodeAddr when node names are not in DNS, and would retry until its timeout.
     # Copied before resolve_master: over MPI it may set OMPI_MCA_btl for its own MPI_Init, which must not

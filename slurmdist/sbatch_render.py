@@ -18,6 +18,7 @@ import sys
 from dataclasses import dataclass, replace
 from typing import Any, List, Optional, Sequence, Tuple
 
+from .argv import command_words
 from .errors import SlurmdistError
 
 LAUNCHERS = ("srun", "torchrun", "mpirun")
@@ -73,8 +74,7 @@ def _check(option: str, value: Optional[str], pattern: "re.Pattern[str]", exampl
 
 def validate(spec: JobSpec) -> JobSpec:
     """The spec with defaults filled in, or a `SbatchError` naming the first bad option."""
-    if not spec.command:
-        raise SbatchError("slurmdist sbatch needs a command after --, e.g. `-- python train.py --lr 0.1`")
+    command_words(spec.command, "slurmdist sbatch", "slurmdist sbatch [options] -- python train.py ARGS", SbatchError)
     if spec.launcher not in LAUNCHERS:
         raise SbatchError(f"--launcher {spec.launcher!r}: use one of {', '.join(LAUNCHERS)}")
     for line in spec.setup:
@@ -159,6 +159,13 @@ def _warning_of(signal: str) -> Tuple[str, int]:
     return name.removeprefix("R:"), int(seconds) if at else SLURM_DEFAULT_SIGNAL_DELAY
 
 
+def _signal_called(name: str) -> str:
+    """A validated signal as Python names it: 'USR2', 'SIGUSR2' and '12' are all 'SIGUSR2'."""
+    from .requeue import parse_signal
+
+    return parse_signal(name).name
+
+
 def _with_rank_counts(spec: JobSpec) -> JobSpec:
     """Tasks per node, and torchrun's workers per node: one per GPU unless given (torchrun: one task)."""
     per_gpu = max(spec.gpus_per_node, 1)
@@ -195,7 +202,7 @@ def render(spec: JobSpec) -> str:
     lines = ["#!/bin/bash", "# Rendered by `slurmdist sbatch`. Submit with: sbatch THIS_FILE", "#"]
     if spec.signal:
         name, delay = _warning_of(spec.signal)
-        lines += [f"# --signal: every task gets SIG{name} {delay} s before the time limit. The command must",
+        lines += [f"# --signal: every task gets {_signal_called(name)} {delay} s before the time limit. The command must",
                   "# handle it (slurmdist.requeue.install(), or a handler of its own: save, then requeue or go on),",
                   "# or the signal kills it. Render with --signal '' for no warning.", "#"]
     lines += [f"#SBATCH {option}" for option in sbatch_options(spec)]
@@ -294,7 +301,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--tasks-per-node", type=int, help="default: one per GPU (1 under torchrun)")
     parser.add_argument("--workers-per-node", type=int, help="torchrun workers per node (default: GPUs per node)")
     parser.add_argument("--cpus-per-task", "-c", type=int)
-    parser.add_argument("--time", "-t", default="01:00:00", help="HH:MM:SS or D-HH:MM:SS")
+    parser.add_argument("--time", "-t", default="01:00:00", help="MINUTES, HH:MM:SS or D-HH:MM:SS")
     parser.add_argument("--partition", "-p")
     parser.add_argument("--account", "-A")
     parser.add_argument("--job-name", "-J", default="train")
@@ -315,9 +322,8 @@ def register(subparsers: Any) -> None:
 
 
 def spec_from_args(args: argparse.Namespace) -> JobSpec:
-    command = list(args.command)
-    if command and command[0] == "--":
-        command = command[1:]
+    command = command_words(args.command, "slurmdist sbatch", "slurmdist sbatch [options] -- python train.py ARGS",
+                            SbatchError)
     return JobSpec(
         command=tuple(command),
         nodes=args.nodes,

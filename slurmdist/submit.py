@@ -36,6 +36,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optio
 
 from . import commands
 from .envvars import whole_number
+from .argv import command_words
 from .errors import SlurmdistError
 from .requeue import RequeueError, Resumable, parse_signal, signal_delay_problem, slurm_name
 from .sbatch_render import HAND_ON_CPUS_PER_TASK
@@ -155,8 +156,8 @@ def parse_mem(value: Union[int, float, str]) -> str:
         return f"{int(value)}G" if float(value).is_integer() else f"{math.ceil(value * 1024)}M"
     text = str(value).strip()
     if not _MEM.fullmatch(text):
-        raise SubmitError(f"mem={value!r} is not a Slurm memory size such as 32G or 500M (whole numbers; "
-                          "mem=1.5 as a number is 1.5 GiB)")
+        raise SubmitError(f"mem={value!r} is not a Slurm memory size such as 32G or 500M (whole numbers; a "
+                          "Python number such as 1.5 is taken as GiB)")
     return text.upper()
 
 
@@ -369,6 +370,7 @@ class Submitter:
         """Run a command (``["python", "train.py", "--steps", "100"]``) in every task; no shell is involved."""
         if isinstance(argv, str) or not argv or not all(isinstance(a, str) for a in argv):
             raise SubmitError("submit_command needs a non-empty list of strings, e.g. ['python', 'train.py']")
+        command_words(argv, "submit_command", "submit_command(['python', 'train.py'])", SubmitError)
         workdir = str(Path(cwd).absolute()) if cwd is not None else os.getcwd()
         return self.submit(Command(tuple(argv), workdir))
 

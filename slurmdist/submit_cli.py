@@ -12,13 +12,15 @@ inject shell code. Only --setup lines are shell, on purpose (module load, source
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from .errors import SlurmdistError
+from .argv import command_words
 from .bounds import positive_seconds
+from .errors import SlurmdistError
 
 WAIT_TIMEOUT_DEFAULT = 86400.0  # seconds --wait follows a job when --timeout is not given
 EXIT_FAILED = 1
@@ -39,7 +41,7 @@ def register(subparsers: Any) -> None:
     shape.add_argument("--time", "-t", default="60", help="time limit: minutes, HH:MM:SS or D-HH:MM:SS (default 60)")
     shape.add_argument("--partition", "-p")
     shape.add_argument("--account", "-A")
-    shape.add_argument("--mem", help="memory per node, e.g. 32G")
+    shape.add_argument("--mem", help="memory per node with its unit, e.g. 32G or 500M")
     shape.add_argument("--sbatch", action="append", default=[], metavar="KEY=VALUE",
                        help="any other #SBATCH option, e.g. --sbatch constraint=a100 (repeatable)")
     shape.add_argument("--setup", action="append", default=[], metavar="LINE",
@@ -72,12 +74,38 @@ def parse_sbatch_options(items: List[str]) -> Dict[str, str]:
     return options
 
 
+# Submitter's keyword arguments that are options here: its errors name the keywords (nodes=-3), the user typed
+# the options (--nodes -3).
+_OPTION_OF = {name: "--" + name.replace("_", "-") for name in (
+    "nodes", "gpus_per_node", "tasks_per_node", "cpus_per_task", "time", "partition", "account", "mem", "name",
+    "signal_delay", "cluster", "folder")}
+_KEYWORD = re.compile(r"\b(%s)=" % "|".join(sorted(_OPTION_OF, key=len, reverse=True)))
+_BARE_KEYWORD = re.compile(r"\b(%s)\b|(?<=Set )time\b" % "|".join(name for name in _OPTION_OF if "_" in name))
+
+
+def in_option_terms(message: str) -> str:
+    """A Submitter error as this command's user typed it: `nodes=-3` -> `--nodes -3`, `signal_delay` ->
+    `--signal-delay`, the requeue signal -> `--signal`."""
+    message = _KEYWORD.sub(lambda match: _OPTION_OF[match[1]] + " ", message)
+    message = _BARE_KEYWORD.sub(lambda match: _OPTION_OF[match[0]], message)
+    return message.replace("requeue signal ", "--signal ")
+
+
+def cli_mem(text: Optional[str]) -> Optional[str]:
+    """--mem as typed. A bare number is refused: in Python `mem=32` means 32 GiB, but sbatch's own --mem=32
+    means 32 MB, and a user of either would get the other's meaning from it."""
+    if text is not None and re.fullmatch(r"\s*[0-9]+(\.[0-9]*)?\s*", text):
+        raise SlurmdistError(f"--mem {text.strip()} has no unit: sbatch reads a bare number as megabytes, slurmdist's "
+                             "Python API as gibibytes. Write the unit, e.g. --mem 32G or --mem 500M")
+    return text
+
+
 def submitter_options(args: argparse.Namespace) -> Dict[str, Any]:
     """`Submitter` keyword arguments from the parsed command line (pure)."""
     options: Dict[str, Any] = {
         "nodes": args.nodes, "gpus_per_node": args.gpus_per_node, "tasks_per_node": args.tasks_per_node,
         "cpus_per_task": args.cpus_per_task, "time": args.time, "partition": args.partition,
-        "account": args.account, "mem": args.mem, "sbatch": parse_sbatch_options(args.sbatch),
+        "account": args.account, "mem": cli_mem(args.mem), "sbatch": parse_sbatch_options(args.sbatch),
         "setup": list(args.setup), "name": args.name, "signal": args.signal, "folder": args.folder,
         "cluster": args.cluster,
     }
@@ -87,12 +115,7 @@ def submitter_options(args: argparse.Namespace) -> Dict[str, Any]:
 
 
 def command_of(args: argparse.Namespace) -> List[str]:
-    command = list(args.command)
-    if command and command[0] == "--":
-        command = command[1:]
-    if not command:
-        raise SlurmdistError("slurmdist submit needs a command: `slurmdist submit [options] -- python train.py ARGS`")
-    return command
+    return command_words(args.command, "slurmdist submit", "slurmdist submit [options] -- python train.py ARGS")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -106,7 +129,10 @@ def run(args: argparse.Namespace) -> int:
     timeout = WAIT_TIMEOUT_DEFAULT if args.timeout is None else args.timeout
     if args.wait:
         positive_seconds("--timeout", timeout, SlurmdistError)
-    submitter = Submitter(**submitter_options(args))
+    try:
+        submitter = Submitter(**submitter_options(args))
+    except SlurmdistError as error:
+        raise type(error)(in_option_terms(str(error))) from None
     job = submitter.submit_command(command)
     stdout, stderr = log_paths(job)
     resources = submitter.resources

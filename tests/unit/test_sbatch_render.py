@@ -154,6 +154,7 @@ def test_cli_refuses_with_status_2_and_no_traceback(capsys, tmp_path):
 
 @pytest.mark.parametrize("args,message", [
     ([], "needs a command"),
+    (["--", "", "t.py"], "the command's name is empty"),  # an unset "$PYTHON"
     (["--nodes", "0", "--", "python", "t.py"], "--nodes must be at least 1"),
     (["--launcher", "torchrun", "--", "python", "t.py"], "starts Python itself"),
     (["--launcher", "torchrun", "--tasks-per-node", "4", "--", "t.py"], "one srun task per node"),
@@ -212,6 +213,8 @@ def test_the_warning_signal_is_spelled_as_slurm_does_and_explained_at_the_top():
     assert "#SBATCH --signal=USR2@300\n" in script
     head = script.split("#SBATCH", 1)[0]
     assert "every task gets SIGUSR2 300 s before the time limit" in head and "or the signal kills it" in head
+    for spelled in ("SIGUSR2@300", "12@300", "R:usr2@300"):  # not SIGSIGUSR2, nor SIG12
+        assert "every task gets SIGUSR2 300 s" in render(JobSpec(command=("python", "t.py"), time="30", signal=spelled))
     assert "kills it" not in render(JobSpec(command=("python", "t.py"), signal=""))
     for unlimited in ("0", "00", "0:00", "00:00:00", "0-0", "0-00:00:00"):  # Slurm's "no limit", however written
         assert f"#SBATCH --time={unlimited}\n" in render(JobSpec(command=("python", "t.py"), time=unlimited))

@@ -32,6 +32,11 @@ def test_the_command_keeps_its_own_options_and_odd_characters():
     assert args.nodes == 1 and args.wait
 
 
+def test_memory_with_a_unit_passes_as_typed():
+    assert submitter_options(parse("--mem", "32G", "--", "true"))["mem"] == "32G"
+    assert submitter_options(parse("--", "true"))["mem"] is None
+
+
 def test_sbatch_needs_a_key():
     with pytest.raises(Exception, match="KEY=VALUE"):
         parse_sbatch_options(["=x"])
@@ -39,11 +44,17 @@ def test_sbatch_needs_a_key():
 
 @pytest.mark.parametrize("argv, message", [
     (["submit"], "needs a command"),
-    (["submit", "--nodes", "0", "--", "true"], "nodes=0"),
-    (["submit", "--time", "soon", "--", "true"], "time="),
+    (["submit", "--", "", "train.py"], "the command's name is empty ('', then train.py)"),
+    # Submitter's errors in the options' terms, not its keywords (nodes=0)
+    (["submit", "--nodes", "0", "--", "true"], "--nodes 0 must be a whole number >= 1"),
+    (["submit", "--time", "soon", "--", "true"], "--time 'soon' is not a Slurm time"),
+    (["submit", "--signal", "NOPE", "--", "true"], "--signal 'NOPE' is not a signal name"),
+    (["submit", "--mem", "32", "--", "true"], "--mem 32 has no unit: sbatch reads a bare number as megabytes"),
     (["submit", "--sbatch", "output=/tmp/x", "--", "true"], "set by slurmdist"),
     (["submit", "--gpus-per-node", "4", "--tasks-per-node", "2", "--", "true"], "one task per GPU"),
-    (["submit", "--time", "3", "--", "true"], "signal_delay=120 s leaves no time to train"),
+    (["submit", "--time", "3", "--", "true"],
+     "--signal-delay 120 s leaves no time to train within --time '3' (3 min)"),
+    (["submit", "--time", "3", "--", "true"], "Set --time to at least 4 min, or --signal-delay to at most 119 s"),
     *[(["submit", "--cluster", "local", "--wait", "--timeout", bad, "--", "true"], "--timeout=")
       for bad in ("-5", "0", "nan", "inf")],  # refused before anything is submitted
 ])
