@@ -25,7 +25,7 @@ TEXT = Path(__file__).resolve().parent / "text"
 
 def parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer runs and sizes (about a minute)")
+    parser.add_argument("--quick", action="store_true", help="fewer runs and sizes (a few minutes)")
     parser.add_argument("--only", default=",".join(MODULES),
                         help=f"comma-separated subset of: {','.join(MODULES)} (default: all)")
     parser.add_argument("--ranks", default=None,

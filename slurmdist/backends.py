@@ -58,8 +58,13 @@ def probe(requested: str = "auto", device_type: Optional[str] = None,
     asked for an NPU device)."""
     requested = requested.strip().lower()
     environ = os.environ if environ is None else environ
-    import torch
-    import torch.distributed as dist
+    try:
+        import torch
+        import torch.distributed as dist
+    except ImportError as exc:
+        raise BackendError(f"slurmdist.init() needs PyTorch, which this Python cannot import ({exc}): install it "
+                           "(pip install torch; the CPU build and CUDA builds are at https://pytorch.org), or use "
+                           "this environment's python") from None
 
     if not dist.is_available():
         raise BackendError(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import sys
 
 import pytest
 
@@ -211,3 +212,11 @@ def test_init_refuses_a_backend_that_is_not_a_name_before_anything_else(backend)
 
     with pytest.raises(BackendError, match=re.escape(f"backend={backend!r} is not a backend name: use 'auto'")):
         slurmdist.init(backend, environ={})
+
+
+def test_init_without_torch_says_to_install_it(monkeypatch):
+    # `pip install slurmdist` alone (torch is the site's choice of build): an error of slurmdist's, not a bare
+    # ModuleNotFoundError from deep inside init().
+    monkeypatch.setitem(sys.modules, "torch", None)  # import fails as when torch is not installed
+    with pytest.raises(BackendError, match=r"slurmdist.init\(\) needs PyTorch.*pip install torch"):
+        probe("auto", environ={})
