@@ -8,6 +8,7 @@ restored before each call because Lightning writes MASTER_ADDR/MASTER_PORT into 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import sys
@@ -121,6 +122,8 @@ def run(ctx: Context) -> Section:
 def _imports(ctx: Context, section: Section) -> None:
     runs = ctx.runs(7, 3)
     names = [n for n in IMPORTS if not (ctx.quick and n in SLOW_IMPORTS)]
+    absent = [n for n in names if importlib.util.find_spec(n.split()[0].split(".")[0]) is None]
+    names = [n for n in names if n not in absent]
     section.add(ctx.header(f"Import time in a fresh interpreter: {', '.join(names)}",
                            f"{runs} interleaved runs each, one fresh process per run"), "")
     seen: Dict[str, set] = {}
@@ -130,6 +133,8 @@ def _imports(ctx: Context, section: Section) -> None:
                         for row in timing_rows(outcomes, "slurmdist")]), "")
     if ctx.quick:
         section.add(f"_--quick leaves out {', '.join(SLOW_IMPORTS)} (several seconds each here)._", "")
+    if absent:
+        section.add(f"_Not installed, so not measured: {', '.join(absent)} (`pip install` it to compare)._", "")
     ours = outcomes.get("slurmdist")
     heavy = sorted(seen.get(IMPORTS["slurmdist"], ()))
     claim = f"`import slurmdist` under {seconds(IMPORT_GOAL)}, importing no torch/mpi4py/submitit"
