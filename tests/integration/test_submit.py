@@ -25,15 +25,16 @@ PYTHON = sys.executable
 TIMEOUT = 150  # seconds any one job may take here, requeue included
 # Training that is still under way when a signal sent after its first log line lands. Slurm's preemption
 # (scheduling the urgent job) took about 3 s here: 200 steps, 0.6 s on a fast core, finished before it came.
-# Steps of at least 0.06 s make that margin time (18 s), whatever the cores' speed; plain steps did it with
+# Steps of at least 0.12 s make that margin time (18 s), whatever the cores' speed; plain steps did it with
 # 3000 of them, which the requeued run and the uninterrupted reference then had to train too (2 minutes).
-LONG_STEPS = 300
-SLOW_STEPS = ["--steps", str(LONG_STEPS), "--step-seconds", "0.06"]
+# Few slow steps rather than many fast ones: the reference trains them all at full speed.
+LONG_STEPS = 150
+SLOW_STEPS = ["--steps", str(LONG_STEPS), "--step-seconds", "0.12"]
 
 
 def slow_until_requeued(example, checkpoint: Path):
     """example.Train with SLOW_STEPS in its first run only: the slow steps are there for the signal to land,
-    and the requeued run, with nothing left to wait for, trains the rest at full speed (18 s less per test).
+    and the requeued run, with nothing left to wait for, trains the rest at full speed (about 15 s less per test).
     Sleeping changes no number, so the result is still an uninterrupted run's."""
 
     class SlowUntilRequeued(example.Train):
