@@ -9,7 +9,7 @@ import pytest
 
 from slurmdist import DistEnv, LaunchError, detect
 from slurmdist.exporting import torchrun_variables
-from slurmdist.ports import PORT_MAX, PORT_MIN
+from slurmdist.ports import PORT_MAX, PORT_MIN, step_port
 from tests.conftest import load_case
 
 SLURM_STEP_CASES = ["slurm/srun_N2_tpn2", "slurm/sbatch_N2_tpn2_srun", "slurm/srun_gpus_per_node2"]
@@ -42,9 +42,10 @@ def test_every_task_of_a_step_derives_the_same_port_below_the_ephemeral_range(ca
     assert PORT_MIN <= ports.pop() <= PORT_MAX
 
 
-def test_steps_of_a_job_take_consecutive_ports_and_jobs_stand_97_apart():
-    # The design that keeps two jobs on one node (or two steps of one allocation) apart: a job's steps count
-    # up from its first port, and the next job id starts 97 ports further on.
+def test_steps_of_a_job_take_consecutive_ports_and_nearby_jobs_stay_apart():
+    # The design that keeps two jobs on one node (or two steps of one allocation) apart: a job's steps count up
+    # from its first port, and the first ports of nearby job ids spread over the whole range. With job ids 97
+    # apart, step 97 of one job took step 0 of the next: a job script looping over srun got there.
     base = load_case("slurm/srun_N2_tpn2")[0]
 
     def port(job: str, step: str) -> int:
@@ -52,7 +53,11 @@ def test_steps_of_a_job_take_consecutive_ports_and_jobs_stand_97_apart():
 
     first = port("1000", "0")
     assert [port("1000", str(step)) - first for step in range(5)] == list(range(5))
-    assert port("1001", "0") - first == 97
+    assert port("1000", "97") != port("1001", "0")
+    # Back-to-back jobs (ids within 10) never meet within their first 1000 steps; within 50 ids, 250 steps.
+    for jobs, steps in ((range(1000, 1011), 1000), (range(1000, 1051), 250)):
+        ports = {step_port(str(job), str(step)) for job in jobs for step in range(steps)}
+        assert len(ports) == len(jobs) * steps
 
 
 def test_two_steps_of_one_job_and_two_jobs_get_different_ports():
