@@ -18,7 +18,6 @@ def command_words(words: Sequence[str], who: str, usage: str,
     if not command:
         raise error(f"{who} needs a command: `{usage}`")
     if not command[0].strip():
-        raise error(f"{who}: the command's name is empty ({command[0]!r}, then {shlex.join(command[1:]) or 'nothing'}): "
-                    "a shell variable such as \"$PYTHON\" that is unset or empty in the job script? Give the program "
-                    "to run first")
+        raise error(f"{who} -- {shlex.join(command)}: the command's name is empty: a shell variable such as "
+                    "\"$PYTHON\" that is unset or empty in the job script? Give the program to run first")
     return command

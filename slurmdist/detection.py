@@ -86,9 +86,9 @@ def _unless_stale(env: DistEnv, environ: Mapping[str, str]) -> DistEnv:
     if step is not None:
         place = f"task {outer.rank} of {outer.world_size} (local {outer.local_rank} of {outer.local_world_size}) of srun "\
                 f"step {slurm.step_id(environ) or '?'} of job {step.job_id}"
-        advice = ("Exported once in the job script, they are the same in every task (unset them: slurmdist reads "
-                  "srun's own variables, and `srun slurmdist run -- ...` sets them per task); left over from "
-                  "elsewhere, unset them")
+        advice = ("Exported once in the job script, they are the same in every task (unset them: slurmdist, and "
+                  "`srun slurmdist run -- ...` for other programs, read srun's own variables instead); left over "
+                  "from elsewhere, unset them")
     else:
         place = f"rank {outer.rank} of {outer.world_size} (local {outer.local_rank} of {outer.local_world_size}) of "\
                 f"this {outer.launcher} launch"

@@ -118,8 +118,10 @@ def serve(fd: int, port: int, world_size: int, watched: str, poll: float = PID_P
 
 def _give_up(fd: int, port: int, seconds: float) -> None:
     print(f"slurmdist run: the rendezvous store on port {port} was still not served after {seconds:.0f} s (importing "
-          "torch or starting the store hung: a stalled file system, a swapping node); closing the port so the ranks "
-          "fail instead of waiting. Raise SLURMDIST_INIT_TIMEOUT if the node is only slow, or use --no-store",
+          "torch or starting the store hung: a stalled file system, a swapping node); closing the port. The ranks' "
+          "own start fails when its timeout runs out (slurmdist.init()'s; torch's init_process_group waits 30 min "
+          "unless given a timeout). Raise `slurmdist run --timeout` (or SLURMDIST_INIT_TIMEOUT) if the node is only "
+          "slow, or use --no-store",
           file=sys.stderr, flush=True)
     os.close(fd)
     os._exit(1)

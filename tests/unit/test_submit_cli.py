@@ -44,7 +44,7 @@ def test_sbatch_needs_a_key():
 
 @pytest.mark.parametrize("argv, message", [
     (["submit"], "needs a command"),
-    (["submit", "--", "", "train.py"], "the command's name is empty ('', then train.py)"),
+    (["submit", "--", "", "train.py"], "slurmdist submit -- '' train.py: the command's name is empty"),
     # Submitter's errors in the options' terms, not its keywords (nodes=0)
     (["submit", "--nodes", "0", "--", "true"], "--nodes 0 must be a whole number >= 1"),
     (["submit", "--time", "soon", "--", "true"], "--time 'soon' is not a Slurm time"),
