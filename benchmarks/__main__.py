@@ -70,7 +70,8 @@ def run_one(name: str, ctx: Context) -> report.Section:
 def header(info: dict) -> str:
     rows = [[key, value] for key, value in info.items()]
     return "\n".join([(TEXT / "intro.md").read_text(encoding="utf-8").rstrip(), "",
-                      "Last run (each section below names its own run, machine and load):", "", *report.table(["", ""], rows), ""])
+                      "Last run (each section below names its own run, machine and load):", "",
+                      *report.table(["", ""], rows), ""])
 
 
 def compile_slurmdist() -> None:

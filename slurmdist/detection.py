@@ -83,17 +83,16 @@ def _unless_stale(env: DistEnv, environ: Mapping[str, str]) -> DistEnv:
         return env
     if by_mpi is not None and _same_placement(env, by_mpi):  # placed by mpirun inside the allocation
         return env
+    where = f"{outer.rank} of {outer.world_size} (local {outer.local_rank} of {outer.local_world_size})"
     if step is not None:
-        place = f"task {outer.rank} of {outer.world_size} (local {outer.local_rank} of {outer.local_world_size}) of srun "\
-                f"step {slurm.step_id(environ) or '?'} of job {step.job_id}"
+        place = f"task {where} of srun step {slurm.step_id(environ) or '?'} of job {step.job_id}"
         advice = ("Exported once in the job script, they are the same in every task (unset them: slurmdist, and "
                   "`srun slurmdist run -- ...` for other programs, read srun's own variables instead); left over "
                   "from elsewhere, unset them")
     else:
-        place = f"rank {outer.rank} of {outer.world_size} (local {outer.local_rank} of {outer.local_world_size}) of "\
-                f"this {outer.launcher} launch"
-        advice = (f"Left over from elsewhere (an `eval \"$(slurmdist env --format shell)\"` in this shell), unset them: "
-                  f"slurmdist reads {outer.launcher}'s own variables, and `mpirun slurmdist run -- ...` sets them "
+        place = f"rank {where} of this {outer.launcher} launch"
+        advice = (f"Left over from elsewhere (an `eval \"$(slurmdist env --format shell)\"` in this shell), unset "
+                  f"them: slurmdist reads {outer.launcher}'s own variables, and `mpirun slurmdist run -- ...` sets them "
                   "per rank")
     warn_once(
         f"slurmdist: RANK={env.rank} WORLD_SIZE={env.world_size} LOCAL_RANK={env.local_rank} LOCAL_WORLD_SIZE="

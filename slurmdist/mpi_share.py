@@ -106,7 +106,7 @@ def mpi_broadcast(comm: Any, text: Optional[str], deadline: Deadline, size: int 
             waiting_for = "rank 0 has not" if text is None else "the other ranks have not all"
             raise RendezvousError(
                 f"rank {comm.Get_rank()}: rank 0's address was not shared over MPI within {deadline.seconds:.0f} s "
-                f"(world size {comm.Get_size()}): {waiting_for} reached this slurmdist.init() or `slurmdist run` "
+                f"(world size {comm.Get_size()}): {waiting_for} reached slurmdist.init() or `slurmdist run` "
                 "(crashed, stuck before it, or never calling it). This process ends the MPI job when it exits"
             )
         time.sleep(next(pauses))

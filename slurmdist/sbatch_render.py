@@ -202,8 +202,8 @@ def render(spec: JobSpec) -> str:
     lines = ["#!/bin/bash", "# Rendered by `slurmdist sbatch`. Submit with: sbatch THIS_FILE", "#"]
     if spec.signal:
         name, delay = _warning_of(spec.signal)
-        lines += [f"# --signal: every task gets {_signal_called(name)} {delay} s before the time limit. The command must",
-                  "# handle it (slurmdist.requeue.install(), or a handler of its own: save, then requeue or go on),",
+        lines += [f"# --signal: every task gets {_signal_called(name)} {delay} s before the time limit. The command",
+                  "# must handle it (slurmdist.requeue.install(), or a handler of its own: save, then requeue or go on),",
                   "# or the signal kills it. Render with --signal '' for no warning.", "#"]
     lines += [f"#SBATCH {option}" for option in sbatch_options(spec)]
     lines += ["", "set -euo pipefail"]

@@ -144,8 +144,9 @@ def daemon_step_task(task: int, nodes: int) -> Dict[str, str]:
     """The captured mpirun rank's Slurm variables, as those of daemon `task` of an N-node daemon step."""
     captured = next(iter(launches_of("salloc_N2_mpirun_np4").values()))[0][0]
     everywhere = f"node[1-{nodes}]"
-    return {**captured, "SLURM_STEP_NUM_TASKS": str(nodes), "SLURM_STEP_NUM_NODES": str(nodes), "SLURM_NTASKS": str(nodes),
-            "SLURM_NNODES": str(nodes), "SLURM_JOB_NUM_NODES": str(nodes), "SLURM_STEP_TASKS_PER_NODE": f"1(x{nodes})",
+    return {**captured, "SLURM_STEP_NUM_TASKS": str(nodes), "SLURM_STEP_NUM_NODES": str(nodes),
+            "SLURM_NTASKS": str(nodes), "SLURM_NNODES": str(nodes), "SLURM_JOB_NUM_NODES": str(nodes),
+            "SLURM_STEP_TASKS_PER_NODE": f"1(x{nodes})",
             "SLURM_STEP_NODELIST": everywhere, "SLURM_NODELIST": everywhere, "SLURM_JOB_NODELIST": everywhere,
             "SLURM_PROCID": str(task), "SLURM_NODEID": str(task), "SLURM_GTIDS": str(task), "SLURM_LOCALID": "0",
             "SLURMD_NODENAME": f"node{task + 1}", "SLURM_TOPOLOGY_ADDR": f"node{task + 1}"}
@@ -159,8 +160,8 @@ def test_mpirun_inside_an_allocation_is_read_the_same_way_on_every_rank(daemons)
     found = []
     for rank, daemon in enumerate(daemons):
         environ = {**daemon_step_task(daemon, len(daemons)), "OMPI_COMM_WORLD_SIZE": str(len(daemons)),
-                   "OMPI_COMM_WORLD_RANK": str(rank), "OMPI_COMM_WORLD_LOCAL_RANK": "0", "OMPI_COMM_WORLD_LOCAL_SIZE": "1",
-                   "OMPI_COMM_WORLD_NODE_RANK": "0", "PMIX_RANK": str(rank)}
+                   "OMPI_COMM_WORLD_RANK": str(rank), "OMPI_COMM_WORLD_LOCAL_RANK": "0",
+                   "OMPI_COMM_WORLD_LOCAL_SIZE": "1", "OMPI_COMM_WORLD_NODE_RANK": "0", "PMIX_RANK": str(rank)}
         found.append(detect(environ))
     assert [(env.launcher, env.rank) for env in found] == [("openmpi", rank) for rank in range(len(daemons))]
     assert {(env.master_addr, env.master_port) for env in found} == {(None, None)}  # agreed over MPI at init
@@ -198,7 +199,8 @@ def test_torchrun_variables_left_over_under_mpirun_get_a_warning(stale_warnings)
     stale = by_hand(RANK=0, WORLD_SIZE=1, LOCAL_RANK=0, LOCAL_WORLD_SIZE=1)
     assert all(detect({**rank, **stale}).world_size == 1 for rank in ranks)  # used, as under srun
     warned = stale_warnings()
-    assert len(warned) == 4 and all(re.search(r"WORLD_SIZE=1 .* rank [0-3] of 4 .* of this openmpi launch", w) for w in warned)
+    assert len(warned) == 4
+    assert all(re.search(r"WORLD_SIZE=1 .* rank [0-3] of 4 .* of this openmpi launch", w) for w in warned)
     assert "mpirun slurmdist run" in warned[0] and "SLURMDIST_LAUNCHER=torchrun" in warned[0]
     placed = [detect({**rank, **by_hand(RANK=int(rank["OMPI_COMM_WORLD_RANK"]), WORLD_SIZE=4,
                                       LOCAL_RANK=int(rank["OMPI_COMM_WORLD_LOCAL_RANK"]), LOCAL_WORLD_SIZE=4)})
