@@ -46,9 +46,11 @@ def mpi_comm(env: DistEnv, environ: Mapping[str, str], timeout: float = DEFAULT_
         else:
             lacking, share, fix = "gives no master port (of the MPI launches, only Open MPI's on one node does)", \
                 "port", "MASTER_PORT"
+        inside_slurm = " Inside a Slurm allocation, srun can start the ranks instead of mpirun." \
+            if "SLURM_STEP_ID" in environ else ""
         raise RendezvousError(
             f"the {env.launcher} launch {lacking}, so slurmdist needs mpi4py to share rank 0's {share} "
-            f"(pip install mpi4py against your MPI), or set {fix} yourself ({exc})"
+            f"(pip install mpi4py against your MPI), or set {fix} yourself ({exc}).{inside_slurm}"
         ) from None
     comm = MPI.COMM_WORLD
     if comm.Get_size() != env.world_size or comm.Get_rank() != env.rank:
@@ -102,7 +104,7 @@ def mpi_broadcast(comm: Any, text: Optional[str], deadline: Deadline, size: int 
     pauses = poll_pauses()
     while not request.Test():
         if deadline.expired():
-            _abort_at_exit()
+            _abort_at_exit(1)
             waiting_for = "rank 0 has not" if text is None else "the other ranks have not all"
             raise RendezvousError(
                 f"rank {comm.Get_rank()}: rank 0's address was not shared over MPI within {deadline.seconds:.0f} s "
@@ -110,16 +112,19 @@ def mpi_broadcast(comm: Any, text: Optional[str], deadline: Deadline, size: int 
                 "(crashed, stuck before it, or never calling it). This process ends the MPI job when it exits"
             )
         time.sleep(next(pauses))
+    _abort_at_exit(0)  # a retry the caller made after a timeout went through: finalize as usual
     return bytes(buffer).rstrip(b"\0").decode()
 
 
-def _abort_at_exit() -> None:
-    """End this process with MPI_Abort, not MPI_Finalize, when Python exits: with a broadcast still pending,
-    MPI_Finalize waits for the ranks that never came (Open MPI's is a fence), and the job would outlive the
-    error until they do. MPI_Abort makes the launcher end every rank, as `python -m mpi4py` does on an error."""
-    from mpi4py.run import set_abort_status
-
-    set_abort_status(1)
+def _abort_at_exit(status: int) -> None:
+    """With a status, end this process with MPI_Abort, not MPI_Finalize, when Python exits: with a broadcast
+    still pending, MPI_Finalize waits for the ranks that never came (Open MPI's is a fence), and the job would
+    outlive the error until they do. MPI_Abort makes the launcher end every rank, as `python -m mpi4py` does on
+    an error. 0 takes that back (mpi4py's own setting; its public `mpi4py.run.set_abort_status` only sets)."""
+    MPI = sys.modules.get("mpi4py.MPI")
+    set_status = getattr(MPI, "_set_abort_status", None)
+    if set_status is not None:
+        set_status(status)
 
 
 def require_mpi_launcher(env: DistEnv) -> None:

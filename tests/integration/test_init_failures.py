@@ -105,6 +105,37 @@ def test_mpi_init_waiting_for_a_missing_rank_is_bounded(order, says):
     assert took < 45, took  # rank 1 alone sleeps 60 s: a bound on a hang, with room for a busy machine
 
 
+RETRIED_UNDER_MPIRUN = """
+import os, sys, time
+os.environ.update(OMPI_COMM_WORLD_LOCAL_SIZE="1", OMPI_COMM_WORLD_LOCAL_RANK="0")  # each rank a node of its own
+from mpi4py import MPI
+import torch, torch.distributed as dist
+import slurmdist
+if os.environ["OMPI_COMM_WORLD_RANK"] == "1":
+    time.sleep(6)  # past rank 0's first bound, well within its second
+try:
+    env = slurmdist.init(timeout=3)
+except slurmdist.RendezvousError as error:
+    print("first attempt:", error, flush=True)
+    env = slurmdist.init(timeout=60)
+total = torch.ones(1)
+dist.all_reduce(total)
+print("rank", env.rank, "sum", total.item(), flush=True)
+slurmdist.shutdown()
+"""
+
+
+def test_a_caller_that_retries_after_the_mpi_share_timed_out_ends_normally():
+    # The timeout arms an MPI_Abort at exit (MPI_Finalize would wait for the missing rank); a retry that went
+    # through takes it back, so the job ends as its ranks do instead of being aborted.
+    env = clean_environ(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    result = run([tool("mpirun"), "-np", "2", "--oversubscribe", PYTHON, "-c", RETRIED_UNDER_MPIRUN], env)
+    output = result.stdout + result.stderr
+    assert "first attempt:" in output and "the other ranks have not all reached" in output, output
+    assert result.returncode == 0, output
+    assert output.count("sum 2.0") == 2 and "MPI_ABORT" not in output, output
+
+
 def test_unresolvable_master_names_the_host():
     [result] = finish(start_ranks([1], 2, free_port(), addr="no-such-node.invalid", SLURMDIST_INIT_TIMEOUT="20"))
     assert result.returncode != 0
