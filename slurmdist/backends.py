@@ -61,10 +61,12 @@ def probe(requested: str = "auto", device_type: Optional[str] = None,
     try:
         import torch
         import torch.distributed as dist
-    except ImportError as exc:
-        raise BackendError(f"slurmdist.init() needs PyTorch, which this Python cannot import ({exc}): install it "
-                           "(pip install torch; the CPU build and CUDA builds are at https://pytorch.org), or use "
-                           "this environment's python") from None
+    except ModuleNotFoundError as exc:
+        if exc.name != "torch":  # torch is there but fails to import: its own error says why
+            raise
+        raise BackendError("slurmdist.init() needs PyTorch, which this Python does not have: install it (pip install "
+                           "torch; the CPU build and CUDA builds are at https://pytorch.org), or use the python of "
+                           "the environment that has it") from None
 
     if not dist.is_available():
         raise BackendError(
@@ -181,6 +183,7 @@ def choose(
             choice = BackendChoice("hccl", "npu")
         else:
             choice = BackendChoice("gloo", device or "cpu")
+        return _checked(choice, caps, environ, subject=f"device={device!r} was asked for" if device else None)
     else:
         mapping = parse_backend(requested)
         for name in mapping.values():
@@ -188,8 +191,20 @@ def choose(
         if "" in mapping:
             choice = BackendChoice(mapping[""], device or BACKEND_DEVICE[mapping[""]])
             return _checked(choice, caps, environ)
+        for device_type, name in mapping.items():
+            needs = ACCELERATOR_ONLY.get(name)
+            if needs is not None and device_type != needs:
+                raise BackendError(f"backend {requested.strip()!r} pairs {name} with {device_type} tensors, but {name} "
+                                   f"moves {needs} tensors only: pair {device_type} with gloo")
         accelerators = [d for d in ("cuda", "npu") if d in mapping and _count(d, caps) > 0]
         device_type = device or (accelerators[0] if accelerators else "cpu")
+        if device_type not in mapping:  # the group would have no backend for this process's tensors
+            sees = "" if device else f" (it sees no {' or '.join(d for d in mapping if d != 'cpu')} device: " \
+                f"{visibility(next(iter(mapping)), environ)})"
+            other_way = "pass a device it names" if device else "check that the job asked for devices"
+            raise BackendError(f"backend {requested.strip()!r} names no backend for the {device_type} tensors this "
+                               f"process would use{sees}, so its first collective would fail: add "
+                               f"'{device_type}:gloo' to it, or {other_way}")
         choice = BackendChoice(requested.strip().lower(), device_type)
     return _checked(choice, caps, environ)
 
@@ -202,7 +217,10 @@ def _count(device_type: str, caps: Capabilities) -> int:
 ACCELERATOR_ONLY = {"nccl": "cuda", "hccl": "npu"}
 
 
-def _checked(choice: BackendChoice, caps: Capabilities, environ: Mapping[str, str]) -> BackendChoice:
+def _checked(choice: BackendChoice, caps: Capabilities, environ: Mapping[str, str],
+             subject: Optional[str] = None) -> BackendChoice:
+    """`choice` if this process can run it; `subject` says what asked for the device, for messages (backend
+    'auto' picked no backend the user named)."""
     if choice.device_type not in DEVICE_TYPES:
         raise BackendError(f"unknown device type {choice.device_type!r}; use one of {', '.join(DEVICE_TYPES)}")
     needs = ACCELERATOR_ONLY.get(choice.backend)
@@ -213,12 +231,24 @@ def _checked(choice: BackendChoice, caps: Capabilities, environ: Mapping[str, st
             f"backend='gloo' for the CPU"
         )
     if _count(choice.device_type, caps) == 0:
+        cause = _unusable(choice.device_type, caps)
+        ask = "--gres=npu:N" if choice.device_type == "npu" else "srun --gpus-per-task / --gres"
+        subject = subject or f"backend {choice.backend!r} needs a {choice.device_type} device"
         raise BackendError(
-            f"backend {choice.backend!r} needs a {choice.device_type} device but this process sees none "
-            f"({visibility(choice.device_type, environ)}); check that the job asked for devices (srun "
-            f"--gpus-per-task / --gres) and that the variable names devices of this node, or {_cpu_advice(choice)}"
+            f"{subject} but this process sees none "
+            f"({visibility(choice.device_type, environ)}{'; ' + cause if cause else ''}); check that the job asked "
+            f"for devices ({ask}) and that the variable names devices of this node, or {_cpu_advice(choice)}"
         )
     return choice
+
+
+def _unusable(device_type: str, caps: Capabilities) -> Optional[str]:
+    """Why this torch cannot use such devices at all, when it cannot: said before where they might be."""
+    if device_type == "npu" and not caps.torch_npu:
+        return caps.npu_import_error or "torch_npu is not installed"
+    if device_type == "cuda" and not caps.cuda_build:
+        return f"torch {caps.torch_version} is a CPU-only build"
+    return None
 
 
 # Where Slurm says it gave this task GPUs (gres/gpu): when torch sees none, `auto` falling back to the CPU

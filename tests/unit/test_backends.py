@@ -60,6 +60,24 @@ def test_missing_backend_says_what_to_install(backend, caps, advice):
         choose(backend, caps)
 
 
+NO_GPU = CUDA._replace(cuda_devices=0)
+
+
+@pytest.mark.parametrize("backend, caps, device, says", [
+    # No backend for the tensors this process would use: its first collective would fail, not init().
+    ("cuda:nccl", NO_GPU, None, r"names no backend for the cpu tensors .* sees no cuda device.*add 'cpu:gloo'"),
+    ("cuda:gloo", NO_GPU, None, "names no backend for the cpu tensors"),
+    ("cuda:nccl", CUDA, "cpu", "names no backend for the cpu tensors .* or pass a device it names"),
+    # nccl and hccl move their accelerator's tensors only.
+    ("cpu:nccl", CUDA, None, "pairs nccl with cpu tensors, but nccl moves cuda tensors only"),
+    ("cpu:hccl,npu:hccl", NPU, None, "pairs hccl with cpu tensors"),
+])
+def test_a_per_device_backend_must_serve_the_device_in_use(backend, caps, device, says):
+    with pytest.raises(BackendError, match=says):
+        choose(backend, caps, device)
+    assert choose("cpu:gloo,cuda:nccl", NO_GPU) == BackendChoice("cpu:gloo,cuda:nccl", "cpu")  # the CPU half serves
+
+
 def test_nccl_built_but_no_gpu_visible():
     with pytest.raises(BackendError, match="CUDA_VISIBLE_DEVICES is not set"):
         choose("nccl", Capabilities(cuda_build=True, nccl=True))
@@ -212,6 +230,19 @@ def test_init_refuses_a_backend_that_is_not_a_name_before_anything_else(backend)
 
     with pytest.raises(BackendError, match=re.escape(f"backend={backend!r} is not a backend name: use 'auto'")):
         slurmdist.init(backend, environ={})
+
+
+def test_auto_asked_for_npus_without_torch_npu_says_so():
+    no_npu = Capabilities(npu_import_error="torch_npu is not installed")
+    with pytest.raises(BackendError, match=r"device='npu' was asked for .*torch_npu is not installed.*--gres=npu"):
+        choose("auto", no_npu, "npu", {"ASCEND_RT_VISIBLE_DEVICES": "0"})
+
+
+def test_a_torch_that_is_installed_but_fails_to_import_keeps_its_own_error(monkeypatch):
+    # A broken dependency or a missing CUDA library: "install torch" would send the user the wrong way.
+    monkeypatch.setitem(sys.modules, "torch.distributed", None)
+    with pytest.raises(ModuleNotFoundError, match="torch.distributed"):
+        probe("auto", environ={})
 
 
 def test_init_without_torch_says_to_install_it(monkeypatch):
