@@ -19,5 +19,5 @@ def command_words(words: Sequence[str], who: str, usage: str,
         raise error(f"{who} needs a command: `{usage}`")
     if not command[0].strip():
         raise error(f"{who} -- {shlex.join(command)}: the command's name is empty: a shell variable such as "
-                    "\"$PYTHON\" that is unset or empty in the job script? Give the program to run first")
+                    "\"$PYTHON\" that is unset or empty (in the job script, or this shell)? Give the program to run first")
     return command

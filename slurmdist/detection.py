@@ -155,8 +155,8 @@ def _mpirun_inside_step(step: DistEnv, launched_by_mpi: Optional[DistEnv], envir
         named = f"{spec.rank}, {spec.size}" if spec else "its variables"
         warn_once(
             f"slurmdist: {named} say this process is rank {launched_by_mpi.rank} of {launched_by_mpi.world_size} "
-            f"(local {launched_by_mpi.local_rank} of {launched_by_mpi.local_world_size}) of a "
-            f"{launched_by_mpi.launcher} launch, but it is task {step.rank} of {step.world_size} of srun step "
+            f"(local {launched_by_mpi.local_rank} of {launched_by_mpi.local_world_size}) of the "
+            f"{launched_by_mpi.launcher} launch that set them, but it is task {step.rank} of {step.world_size} of srun step "
             f"{slurm.step_id(environ) or '?'} of job {step.job_id}, with {step.local_world_size} tasks on this "
             "node: mpirun's daemons run one per node, so these variables were most likely inherited (a job "
             f"submitted from inside an mpirun rank). Using the {launched_by_mpi.launcher} ones; unset them if they "

@@ -38,14 +38,15 @@ def visibility(device_type: str, environ: Mapping[str, str]) -> str:
 
 
 def gpus_per_task(environ: Mapping[str, str]) -> Optional[int]:
-    """N from `--gpus-per-task=N`, whichever variable carries it here; None when the job did not ask."""
-    per_task = whole_number(environ.get("SLURM_GPUS_PER_TASK", "").rpartition(":")[2])  # "2" or "a100:2"
-    if per_task is not None:
-        return per_task
+    """N from `--gpus-per-task=N`, whichever variable carries it here; None when the job did not ask. The
+    step's own binding first: SLURM_GPUS_PER_TASK is the job's (sbatch exports it), and a step of that job
+    started with another `--gpus-per-task` inherits it unchanged."""
     bind = environ.get("SLURMD_TRES_BIND", "")
     found = _BIND_PER_TASK.search(bind) if "gpu" in bind else None
     found = found or _TRES_GPU.search(environ.get("SLURM_TRES_PER_TASK", ""))
-    return whole_number(found.group(1)) if found else None
+    if found:
+        return whole_number(found.group(1))
+    return whole_number(environ.get("SLURM_GPUS_PER_TASK", "").rpartition(":")[2])  # "2" or "a100:2"
 
 
 class DevicePlan(NamedTuple):
@@ -93,8 +94,17 @@ def narrowed_per_task(
     return (whole_number(on_node) or 0) > 1
 
 
+FALSE_WORDS = ("", "0", "false", "no", "off")
+
+
 def share_requested(environ: Mapping[str, str]) -> bool:
-    return environ.get(SHARE_VARIABLE, "").strip().lower() in TRUE_WORDS
+    value = environ.get(SHARE_VARIABLE, "")
+    if value.strip().lower() in TRUE_WORDS:
+        return True
+    if value.strip().lower() in FALSE_WORDS:
+        return False
+    raise BackendError(f"{SHARE_VARIABLE}={value!r} is neither yes nor no: set it to 1 to let ranks share devices, "
+                       "or 0 (or unset it)")
 
 
 def device_ordinal(
@@ -118,27 +128,49 @@ def device_ordinal(
             f"ask the scheduler for devices ({ask}) or run on the CPU with backend='gloo'"
         )
     if narrowed_per_task(environ, device_type, device_count, task_is_rank):
-        return 0
+        on_node = whole_number(environ.get("SLURM_GPUS_ON_NODE", "")) if device_type == "cuda" else None
+        if on_node is None or local_world_size <= on_node or _sharing(environ, share):
+            return 0
+        # Each task sees one GPU, but the node has fewer than tasks (`--gpu-bind=closest` with one GPU per
+        # socket, a wrapper narrowing it): some tasks see the same one.
+        raise _too_few(device_type, local_world_size, on_node, f"on it (SLURM_GPUS_ON_NODE={on_node}), each task "
+                       f"seeing one ({visibility(device_type, environ)}), so some see the same one", task_is_rank)
     if local_world_size <= device_count:
         return local_rank
-    if share_requested(environ) if share is None else share:
+    if _sharing(environ, share):
         return local_rank % device_count
     # Every rank of the node stops here, not only those without a device: the others would wait for them
     # until the rendezvous timed out.
-    raise BackendError(
-        f"{local_world_size} tasks on this node but only {device_count} {device_type} device(s) visible "
-        f"({visibility(device_type, environ)}): local ranks {device_count}-{local_world_size - 1} have no device "
-        f"of their own. Start one task per device ({_one_each(device_type, device_count)}), or set "
-        f"{SHARE_VARIABLE}=1 to let ranks share them (also what to set when your launcher or a wrapper already "
-        "gives each rank its own device: jsrun -g1, an affinity script exporting the visibility variable per rank)"
+    raise _too_few(device_type, local_world_size, device_count, f"visible ({visibility(device_type, environ)})",
+                   task_is_rank)
+
+
+def _sharing(environ: Mapping[str, str], share: Optional[bool]) -> bool:
+    return share_requested(environ) if share is None else share
+
+
+def _too_few(device_type: str, ranks: int, devices: int, seen: str, task_is_rank: bool) -> BackendError:
+    """More ranks on a node than its devices, and no word that they may share."""
+    without = f"rank {devices} has" if ranks - devices == 1 else f"ranks {devices}-{ranks - 1} have"
+    return BackendError(
+        f"{ranks} tasks on this node but only {devices} {device_type} device(s) {seen}: local {without} no device "
+        f"of its own. Start one rank per device ({_one_each(device_type, devices, task_is_rank)}), "
+        f"or set {SHARE_VARIABLE}=1 to let ranks share them (also what to set when your launcher or a wrapper "
+        "already gives each rank its own device: jsrun -g1, an affinity script exporting the visibility variable "
+        "per rank)"
     )
 
 
-def _one_each(device_type: str, count: int) -> str:
-    """How to give each task a device of its own, for a message."""
+def _one_each(device_type: str, count: int, task_is_rank: bool = True) -> str:
+    """How to give each rank a device of its own, for a message: srun's tasks, or the ranks a launcher inside
+    one task starts."""
     if device_type == "npu":
-        return f"srun --ntasks-per-node={count}, or ASCEND_RT_VISIBLE_DEVICES=$SLURM_LOCALID in each task"
-    return f"srun --ntasks-per-node={count} --gpus-per-task=1"
+        under_srun = f"srun --ntasks-per-node={count}, or ASCEND_RT_VISIBLE_DEVICES=$SLURM_LOCALID in each task"
+    else:
+        under_srun = f"srun --ntasks-per-node={count} --gpus-per-task=1"
+    if task_is_rank:
+        return under_srun
+    return f"torchrun --nproc-per-node={count}, mpirun with {count} ranks per node, or {under_srun}"
 
 
 def plan(

@@ -80,7 +80,9 @@ _OPTION_OF = {name: "--" + name.replace("_", "-") for name in (
     "nodes", "gpus_per_node", "tasks_per_node", "cpus_per_task", "time", "partition", "account", "mem", "name",
     "signal_delay", "cluster", "folder")}
 _KEYWORD = re.compile(r"\b(%s)=" % "|".join(sorted(_OPTION_OF, key=len, reverse=True)))
-_BARE_KEYWORD = re.compile(r"\b(%s)\b|(?<=Set )time\b" % "|".join(name for name in _OPTION_OF if "_" in name))
+# Not in quotes: a quoted word is what the user typed (`--sbatch cpus_per_task=4`), kept as typed.
+_BARE_KEYWORD = re.compile(r"(?<!')\b(%s)\b(?!')|(?<=Set )time\b" % "|".join(
+    name for name in _OPTION_OF if "_" in name))
 
 
 def in_option_terms(message: str) -> str:
@@ -88,7 +90,7 @@ def in_option_terms(message: str) -> str:
     `--signal-delay`, the requeue signal -> `--signal`."""
     message = _KEYWORD.sub(lambda match: _OPTION_OF[match[1]] + " ", message)
     message = _BARE_KEYWORD.sub(lambda match: _OPTION_OF[match[0]], message)
-    return message.replace("requeue signal ", "--signal ")
+    return message.replace("requeue signal '", "--signal '")
 
 
 def cli_mem(text: Optional[str]) -> Optional[str]:

@@ -227,3 +227,41 @@ def test_never_writes_the_environment(case):
     before = dict(task)
     ordinal(task, 2)
     assert task == before
+
+
+def test_one_gpu_each_but_fewer_gpus_on_the_node_than_tasks_is_refused(case):
+    # srun -n4 --gpus-per-node=2 --gpu-bind=closest, one GPU per socket: each task sees one GPU, but two tasks
+    # see the same one. Ordinal 0 everywhere would stack them without a word.
+    tasks = [case("slurm/srun_N2_tpn2")[0]] * 4
+    for local_rank in range(4):
+        environ = {**tasks[local_rank], "CUDA_VISIBLE_DEVICES": str(local_rank % 2), "SLURM_STEP_GPUS": "0,1",
+                   "SLURM_GPUS_ON_NODE": "2"}
+        with pytest.raises(BackendError, match=r"4 tasks on this node but only 2 cuda device\(s\) on it "
+                                               r"\(SLURM_GPUS_ON_NODE=2\).* local ranks 2-3 have no device"):
+            device_ordinal("cuda", local_rank, 4, 1, environ, task_is_rank=True)
+        assert device_ordinal("cuda", local_rank, 4, 1, {**environ, "SLURMDIST_SHARE_DEVICES": "1"},
+                              task_is_rank=True) == 0
+    # As many tasks as the node's GPUs, one each: the per-task narrowing stands.
+    assert device_ordinal("cuda", 1, 2, 1, {"CUDA_VISIBLE_DEVICES": "1", "SLURM_GPUS_ON_NODE": "2"},
+                          task_is_rank=True) == 0
+
+
+def test_the_steps_own_gpus_per_task_wins_over_the_jobs_inherited_one():
+    # sbatch --gpus-per-task=1 (exported as SLURM_GPUS_PER_TASK), then `srun -n4 --gpus-per-task=2` in the script.
+    step = {"SLURM_GPUS_PER_TASK": "1", "SLURMD_TRES_BIND": "gpu:per_task:2", "SLURM_GPUS_ON_NODE": "8",
+            "SLURM_STEP_GPUS": "2,3", "CUDA_VISIBLE_DEVICES": "2,3"}
+    assert gpus_per_task(step) == 2
+    assert device_ordinal("cuda", 1, 4, 2, step, task_is_rank=True) == 0
+    assert gpus_per_task({"SLURM_GPUS_PER_TASK": "a100:2", "SLURMD_TRES_BIND": "gres/gpu:closest"}) == 2
+
+
+@pytest.mark.parametrize("value", ["y", "2", "enable"])
+def test_a_share_setting_that_is_neither_yes_nor_no_is_refused_naming_it(value):
+    with pytest.raises(BackendError, match=f"SLURMDIST_SHARE_DEVICES='{value}' is neither yes nor no"):
+        device_ordinal("cuda", 3, 4, 2, {"SLURMDIST_SHARE_DEVICES": value})
+    assert device_ordinal("cuda", 3, 4, 2, {"SLURMDIST_SHARE_DEVICES": " On "}) == 1
+
+
+def test_ranks_of_a_launcher_inside_one_task_are_told_the_launchers_way_out():
+    with pytest.raises(BackendError, match=r"local rank 1 has no device .*torchrun --nproc-per-node=1"):
+        device_ordinal("cuda", 0, 2, 1, {"CUDA_VISIBLE_DEVICES": "0"}, task_is_rank=False)

@@ -50,6 +50,9 @@ def test_sbatch_needs_a_key():
     (["submit", "--time", "soon", "--", "true"], "--time 'soon' is not a Slurm time"),
     (["submit", "--signal", "NOPE", "--", "true"], "--signal 'NOPE' is not a signal name"),
     (["submit", "--mem", "32", "--", "true"], "--mem 32 has no unit: sbatch reads a bare number as megabytes"),
+    # ... but what the user typed in quotes stays as typed, and prose keeps its words
+    (["submit", "--sbatch", "cpus_per_task=4", "--", "true"], "sbatch option 'cpus_per_task' is set by slurmdist"),
+    (["submit", "--sbatch", "no_requeue=1", "--", "true"], "preemption and the requeue signal rely on it"),
     (["submit", "--sbatch", "output=/tmp/x", "--", "true"], "set by slurmdist"),
     (["submit", "--gpus-per-node", "4", "--tasks-per-node", "2", "--", "true"], "one task per GPU"),
     (["submit", "--time", "3", "--", "true"],
