@@ -151,10 +151,10 @@ def _sharing(environ: Mapping[str, str], share: Optional[bool]) -> bool:
 
 def _too_few(device_type: str, ranks: int, devices: int, seen: str, task_is_rank: bool) -> BackendError:
     """More ranks on a node than its devices, and no word that they may share."""
-    without = f"rank {devices} has" if ranks - devices == 1 else f"ranks {devices}-{ranks - 1} have"
+    without = f"rank {devices} has no device of its" if ranks - devices == 1 else \
+        f"ranks {devices}-{ranks - 1} have no device of their"
     return BackendError(
-        f"{ranks} tasks on this node but only {devices} {device_type} device(s) {seen}: local {without} no device "
-        f"of its own. Start one rank per device ({_one_each(device_type, devices, task_is_rank)}), "
+        f"{ranks} tasks on this node but only {devices} {device_type} device(s) {seen}: local {without} own. Start one rank per device ({_one_each(device_type, devices, task_is_rank)}), "
         f"or set {SHARE_VARIABLE}=1 to let ranks share them (also what to set when your launcher or a wrapper "
         "already gives each rank its own device: jsrun -g1, an affinity script exporting the visibility variable "
         "per rank)"
