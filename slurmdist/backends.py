@@ -184,28 +184,27 @@ def choose(
         else:
             choice = BackendChoice("gloo", device or "cpu")
         return _checked(choice, caps, environ, subject=f"device={device!r} was asked for" if device else None)
-    else:
-        mapping = parse_backend(requested)
-        for name in mapping.values():
-            check_available(name, caps)
-        if "" in mapping:
-            choice = BackendChoice(mapping[""], device or BACKEND_DEVICE[mapping[""]])
-            return _checked(choice, caps, environ)
-        for device_type, name in mapping.items():
-            needs = ACCELERATOR_ONLY.get(name)
-            if needs is not None and device_type != needs:
-                raise BackendError(f"backend {requested.strip()!r} pairs {name} with {device_type} tensors, but {name} "
-                                   f"moves {needs} tensors only: pair {device_type} with gloo")
-        accelerators = [d for d in ("cuda", "npu") if d in mapping and _count(d, caps) > 0]
-        device_type = device or (accelerators[0] if accelerators else "cpu")
-        if device_type not in mapping:  # the group would have no backend for this process's tensors
-            sees = "" if device else f" (it sees no {' or '.join(d for d in mapping if d != 'cpu')} device: " \
-                f"{visibility(next(iter(mapping)), environ)})"
-            other_way = "pass a device it names" if device else "check that the job asked for devices"
-            raise BackendError(f"backend {requested.strip()!r} names no backend for the {device_type} tensors this "
-                               f"process would use{sees}, so its first collective would fail: add "
-                               f"'{device_type}:gloo' to it, or {other_way}")
-        choice = BackendChoice(requested.strip().lower(), device_type)
+    mapping = parse_backend(requested)
+    for name in mapping.values():
+        check_available(name, caps)
+    if "" in mapping:
+        choice = BackendChoice(mapping[""], device or BACKEND_DEVICE[mapping[""]])
+        return _checked(choice, caps, environ)
+    for device_type, name in mapping.items():
+        needs = ACCELERATOR_ONLY.get(name)
+        if needs is not None and device_type != needs:
+            raise BackendError(f"backend {requested.strip()!r} pairs {name} with {device_type} tensors, but {name} "
+                               f"moves {needs} tensors only: pair {device_type} with gloo")
+    accelerators = [d for d in ("cuda", "npu") if d in mapping and _count(d, caps) > 0]
+    device_type = device or (accelerators[0] if accelerators else "cpu")
+    if device_type not in mapping:  # the group would have no backend for this process's tensors
+        sees = "" if device else f" (it sees no {' or '.join(d for d in mapping if d != 'cpu')} device: " \
+            f"{visibility(next(iter(mapping)), environ)})"
+        other_way = "pass a device it names" if device else "check that the job asked for devices"
+        raise BackendError(f"backend {requested.strip()!r} names no backend for the {device_type} tensors this "
+                           f"process would use{sees}, so its first collective would fail: add "
+                           f"'{device_type}:gloo' to it, or {other_way}")
+    choice = BackendChoice(requested.strip().lower(), device_type)
     return _checked(choice, caps, environ)
 
 

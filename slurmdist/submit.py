@@ -35,8 +35,8 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 from . import commands
-from .envvars import whole_number
 from .argv import command_words
+from .envvars import whole_number
 from .errors import SlurmdistError
 from .requeue import RequeueError, Resumable, parse_signal, signal_delay_problem, slurm_name
 from .sbatch_render import HAND_ON_CPUS_PER_TASK
