@@ -8,7 +8,7 @@ import os
 import shlex
 import signal
 import sys
-from typing import Callable, Dict, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from .argv import command_words
 from .bounds import positive_seconds
@@ -58,13 +58,27 @@ def _silence_stdout() -> None:
     os.close(devnull)
 
 
+class _Subcommand(argparse.ArgumentParser):
+    """A subcommand's parser reports options it does not know itself, with its own usage: argparse would
+    leave them to the top-level parser, whose usage (`slurmdist [-h] [--version] COMMAND ...`) does not
+    show the options the user got wrong."""
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Optional[Sequence[str]] = None, namespace: Optional[argparse.Namespace] = None
+    ) -> Tuple[argparse.Namespace, List[str]]:
+        namespace, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return namespace, extras
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="slurmdist",
         description="Start torch.distributed correctly under Slurm, MPI, torchrun and submitit.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
-    commands = parser.add_subparsers(title="commands", metavar="COMMAND")
+    commands = parser.add_subparsers(title="commands", metavar="COMMAND", parser_class=_Subcommand)
 
     env = commands.add_parser("env", help="print this process's detected rank, world size and master")
     env.add_argument("--format", choices=("text", "json", "shell"), default="text",

@@ -91,6 +91,18 @@ def test_nonsense_arguments_exit_2_with_usage_not_a_traceback(args):
     assert "Traceback" not in result.stderr and result.stderr.strip()
 
 
+@pytest.mark.parametrize("command", ["env", "run", "hostlist", "sbatch", "submit"])
+def test_an_unknown_option_is_reported_with_the_subcommands_usage(command, capsys):
+    from slurmdist.cli import main
+
+    with pytest.raises(SystemExit) as ended:
+        main([command, "--bogus", "--", "true"] if command != "hostlist" else [command, "expand", "n1", "--bogus"])
+    assert ended.value.code == 2
+    err = capsys.readouterr().err
+    assert f"usage: slurmdist {command} " in err  # its options, not `slurmdist [-h] [--version] COMMAND`
+    assert f"slurmdist {command}: error: unrecognized arguments: --bogus" in err
+
+
 def test_run_execs_the_command_with_torchruns_variables():
     # MASTER_ADDR given: node1 of the captured job is not this machine (the integration tests run `slurmdist
     # run` on the local cluster, where the name is looked up and replaced by Slurm's NodeAddr).
