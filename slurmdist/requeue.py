@@ -96,14 +96,17 @@ class Plan:
 # --- pure parts -----------------------------------------------------------------------------------------------
 
 
-def parse_signal(spec: SignalSpec = None, environ: Optional[Mapping[str, str]] = None) -> signal.Signals:
-    """`spec` ('USR2', 'SIGUSR2', 12, a Signals) as a signal; None reads SLURMDIST_REQUEUE_SIGNAL, else USR2."""
+def parse_signal(spec: SignalSpec = None, environ: Optional[Mapping[str, str]] = None, *,
+                 named: Optional[str] = None) -> signal.Signals:
+    """`spec` ('USR2', 'SIGUSR2', 12, a Signals) as a signal; None reads SLURMDIST_REQUEUE_SIGNAL, else USR2.
+    `named`: how errors name the value (an option as the user typed it); by default, where it came from."""
     from_environ = False
     if spec is None:
         environ = os.environ if environ is None else environ
         spec = environ.get(SIGNAL_VARIABLE, "").strip() or DEFAULT_SIGNAL
         from_environ = SIGNAL_VARIABLE in environ
-    named = f"{SIGNAL_VARIABLE}={spec!r}" if from_environ else f"requeue signal {spec!r}"
+    if named is None:
+        named = f"{SIGNAL_VARIABLE}={spec!r}" if from_environ else f"requeue signal {spec!r}"
     if isinstance(spec, signal.Signals):
         sig = spec
     else:

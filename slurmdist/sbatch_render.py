@@ -94,20 +94,24 @@ def validate(spec: JobSpec) -> JobSpec:
     _check("account", spec.account, _NAME, "_ . + -")
     _check("time", spec.time, _TIME, "Slurm's formats: MINUTES, HH:MM:SS, D-HH:MM:SS")
     _check("output", spec.output, _PATH, "_ . / % + - (%x job name, %j job id)")
+    # Errors quote the value as the user wrote it.
+    typed = f"--signal {spec.signal!r}" if spec.signal is not None else f"the default --signal {DEFAULT_SIGNAL}"
     if spec.signal is None:  # srun passes it to every task; torchrun's agent and mpirun would die of it
         spec = replace(spec, signal=DEFAULT_SIGNAL if spec.launcher == "srun" else "")
     spec = replace(spec, signal=spec.signal.strip().upper())  # usr2@60 as Slurm's own spelling
     if spec.signal and spec.signal.startswith("B:"):
-        raise SbatchError(f"--signal {spec.signal!r}: B: sends it to the batch shell only, which this script does "
+        raise SbatchError(f"{typed}: B: sends it to the batch shell only, which this script does "
                           "not trap: the job would die without a checkpoint. Drop the B: (every task gets it)")
-    _check("signal", spec.signal or None, _SIGNAL, "Slurm's format: SIGNAL[@SECONDS], e.g. USR2@120")
+    if spec.signal and not _SIGNAL.fullmatch(spec.signal):
+        raise SbatchError(f"{typed} is not allowed in an #SBATCH line: use letters, digits and Slurm's format: "
+                          "SIGNAL[@SECONDS], e.g. USR2@120")
     if spec.signal:
-        _check_signal_name(spec.signal)
+        _check_signal_name(spec.signal, typed)
     if spec.signal and spec.launcher != "srun":
-        raise SbatchError(f"--signal {spec.signal!r} with --launcher {spec.launcher}: {spec.launcher} does not "
+        raise SbatchError(f"{typed} with --launcher {spec.launcher}: {spec.launcher} does not "
                           "pass it on to the ranks and would die of it; use --launcher srun for a warning before "
                           "the time limit")
-    _check_signal_delay(spec)
+    _check_signal_delay(spec, typed)
     if spec.gpus_per_node and spec.device == "cpu":
         raise SbatchError(f"--gpus-per-node {spec.gpus_per_node} with --device cpu: drop one of them "
                           "(CPU-only jobs give --tasks-per-node)")
@@ -126,7 +130,7 @@ def validate(spec: JobSpec) -> JobSpec:
     return spec
 
 
-def _check_signal_delay(spec: JobSpec) -> None:
+def _check_signal_delay(spec: JobSpec, typed: str) -> None:
     """The warning must come after the job started, and Slurm's --signal takes at most 65535 s. A job warned as
     it starts saves, requeues, is warned again: requeued until its limit of requeues."""
     if not spec.signal or re.fullmatch(r"[0:-]+", spec.time):  # 0, 00:00:00, 0-0: no limit, nothing to warn before
@@ -136,20 +140,20 @@ def _check_signal_delay(spec: JobSpec) -> None:
 
     _, delay = _warning_of(spec.signal)
     # In whole minutes, rounded up, as Slurm keeps the limit (--time=00:03:01 is a 4 min job).
-    problem = signal_delay_problem(delay, parse_time(spec.time), what=f"--signal {spec.signal}",
+    problem = signal_delay_problem(delay, parse_time(spec.time), what=typed,
                                    within=f"--time {spec.time}", time_name="--time", delay_name="the delay after @")
     if problem is not None:
         raise SbatchError(problem)
 
 
-def _check_signal_name(value: str) -> None:
+def _check_signal_name(value: str, typed: str) -> None:
     """A signal the tasks can catch: the script tells the command to save and requeue when it comes."""
     from .requeue import RequeueError, parse_signal
 
     try:
-        parse_signal(_warning_of(value)[0])
+        parse_signal(_warning_of(value)[0], named=typed)
     except RequeueError as exc:
-        raise SbatchError(f"--signal {value!r}: {exc}") from None
+        raise SbatchError(str(exc)) from None
 
 
 def _warning_of(signal: str) -> Tuple[str, int]:

@@ -160,9 +160,12 @@ def test_cli_refuses_with_status_2_and_no_traceback(capsys, tmp_path):
     (["--launcher", "torchrun", "--tasks-per-node", "4", "--", "t.py"], "one srun task per node"),
     (["--signal", "B:USR2@120", "--", "python", "t.py"], "B: sends it to the batch shell only"),
     # The script tells the command to save when the signal comes: one no task can catch, or no signal at all.
-    (["--signal", "KILL@60", "--", "python", "t.py"], "--signal 'KILL@60': .* cannot be caught"),
-    (["--signal", "R:9", "--", "python", "t.py"], "--signal 'R:9': .* cannot be caught"),
-    (["--signal", "FOO@60", "--", "python", "t.py"], "--signal 'FOO@60': .* not a signal name or number"),
+    (["--signal", "KILL@60", "--", "python", "t.py"], "--signal 'KILL@60' cannot be caught"),
+    (["--signal", "R:9", "--", "python", "t.py"], "--signal 'R:9' cannot be caught"),
+    (["--signal", "FOO@60", "--", "python", "t.py"], "--signal 'FOO@60' is not a signal name or number"),
+    # Quoted as typed, not as the script would spell it.
+    (["--signal", "usr2@x", "--", "python", "t.py"], "--signal 'usr2@x' is not allowed in an #SBATCH line"),
+    (["--signal", "usr9", "--", "python", "t.py"], "--signal 'usr9' is not a signal name or number"),
     (["--launcher", "torchrun", "--signal", "USR2@60", "--", "t.py"], "torchrun does not pass it on"),
     (["--launcher", "mpirun", "--signal", "USR2@60", "--", "python", "t.py"], "mpirun does not pass it on"),
     (["--workers-per-node", "2", "--", "python", "t.py"], "--workers-per-node is for --launcher torchrun"),
@@ -176,8 +179,8 @@ def test_cli_refuses_with_status_2_and_no_traceback(capsys, tmp_path):
     (["-G", "8", "--device", "npu", "--tasks-per-node", "16", "--", "python", "t.py"], "16 ranks per node on 8 NPUs"),
     # A warning that reaches the job as it starts (Slurm may send it a minute early): requeued again and again.
     (["--time", "2", "--", "python", "t.py"],
-     r"--signal USR2@120 leaves no time to train within --time 2 \(2 min\): .* at least 4 min, or the delay after @ to at most 59 s"),
-    (["--time", "1", "--signal", "USR2", "--", "python", "t.py"], "--signal USR2 leaves no time .* at least 3 min(?!,)"),
+     r"the default --signal USR2@120 leaves no time to train within --time 2 \(2 min\): .* at least 4 min, or the delay after @ to at most 59 s"),
+    (["--time", "1", "--signal", "USR2", "--", "python", "t.py"], "--signal 'USR2' leaves no time .* at least 3 min(?!,)"),
     # Slurm rounds a limit up to whole minutes: 00:02:01 is 3 min, so USR2@120 comes 60 s in, at the start.
     (["--time", "00:02:01", "--", "python", "t.py"], r"leaves no time to train within --time 00:02:01 \(3 min\)"),
     (["--time", "3-00:00:00", "--signal", "USR2@65536", "--", "python", "t.py"], "more than Slurm's --signal accepts"),
