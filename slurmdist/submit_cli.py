@@ -12,11 +12,13 @@ inject shell code. Only --setup lines are shell, on purpose (module load, source
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import re
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 from .argv import command_words
 from .bounds import positive_seconds
@@ -135,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
         submitter = Submitter(**submitter_options(args))
     except SlurmdistError as error:
         raise type(error)(in_option_terms(str(error))) from None
-    job = submitter.submit_command(command)
+    job = submitted_quietly(lambda: submitter.submit_command(command))
     stdout, stderr = log_paths(job)
     resources = submitter.resources
     print(f"submitted job {job.job_id} ({resources.nodes} node(s) x {resources.ntasks_per_node} task(s), "
@@ -146,6 +148,23 @@ def run(args: argparse.Namespace) -> int:
     if not args.wait:
         return 0
     return follow(job, timeout)
+
+
+def submitted_quietly(submit: Callable[[], Any]) -> Any:
+    """`submit()`, without submitit's own copy of sbatch's error on stderr: the error the CLI prints carries
+    the same text, which would show twice. Whatever else went to stderr meanwhile is passed on."""
+    captured, reported = io.StringIO(), ""
+    try:
+        with contextlib.redirect_stderr(captured):
+            return submit()
+    except SlurmdistError as error:
+        reported = str(error)
+        raise
+    finally:
+        text = captured.getvalue()
+        if text.strip() and text.strip() not in reported:
+            sys.stderr.write(text)
+            sys.stderr.flush()
 
 
 def follow(job: Any, timeout: float) -> int:

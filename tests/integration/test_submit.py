@@ -155,6 +155,15 @@ def test_cli_wait_exits_with_the_job_status(cluster, tmp_path):
     assert "FAILED" in proc.stderr and "command exited with status 3" in proc.stderr
 
 
+def test_cli_reports_sbatchs_refusal_once(cluster, tmp_path):
+    proc = cluster.run([PYTHON, "-m", "slurmdist", "submit", "--partition", "nosuchpart", "--folder",
+                        tmp_path / "%j", "--", "true"], timeout=60, check=False)
+    assert proc.returncode == 2, proc.stderr
+    # submitit prints sbatch's error itself too; the CLI's own error carries it.
+    assert proc.stderr.count("invalid partition") == 1, proc.stderr
+    assert proc.stderr.startswith("slurmdist: error: sbatch refused the job"), proc.stderr
+
+
 def test_preempted_job_checkpoints_requeues_and_resumes(cluster, example, reference, tmp_path):
     from slurmdist.submit import Submitter, results
 
