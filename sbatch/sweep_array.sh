@@ -25,6 +25,11 @@ set -euo pipefail
 # each task to one core.)
 if [[ -n ${SLURM_CPUS_PER_TASK:-} ]]; then export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK; fi
 cd "${SLURM_SUBMIT_DIR:-.}"
+# The paths below are relative to the repository root: say so, not "can't open file" once per task.
+[[ -f examples/train.py ]] || {
+    echo "sweep_array.sh: run sbatch from the repository root (there is no examples/train.py in $PWD)" >&2
+    exit 2
+}
 
 LRS=(0.01 0.02 0.05 0.1)          # one learning rate per array index
 index=${SLURM_ARRAY_TASK_ID:-0}   # the element's index (0 when the script is run outside an array)

@@ -28,6 +28,11 @@ if [[ -n ${SLURM_CPUS_PER_TASK:-} ]]; then export SRUN_CPUS_PER_TASK=$SLURM_CPUS
 
 # sbatch starts the script in the submit directory; make that explicit so relative paths are stable.
 cd "${SLURM_SUBMIT_DIR:-.}"
+# The paths below are relative to the repository root: say so, not "can't open file" once per task.
+[[ -f examples/train.py ]] || {
+    echo "train_2n4g.sh: run sbatch from the repository root (there is no examples/train.py in $PWD)" >&2
+    exit 2
+}
 
 # Knobs from the environment (sbatch exports the caller's environment by default).
 PYTHON=${PYTHON:-python}                                    # the interpreter with torch and slurmdist

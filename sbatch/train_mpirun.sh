@@ -17,6 +17,11 @@
 
 set -euo pipefail
 cd "${SLURM_SUBMIT_DIR:-.}"
+# The paths below are relative to the repository root: say so, not "can't open file" once per task.
+[[ -f examples/train.py ]] || {
+    echo "train_mpirun.sh: run sbatch from the repository root (there is no examples/train.py in $PWD)" >&2
+    exit 2
+}
 
 # If your site loads MPI as a module, do it here, e.g.: module load openmpi
 PYTHON=${PYTHON:-python}

@@ -22,6 +22,11 @@ set -euo pipefail
 # each task to one core.)
 if [[ -n ${SLURM_CPUS_PER_TASK:-} ]]; then export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK; fi
 cd "${SLURM_SUBMIT_DIR:-.}"
+# The paths below are relative to the repository root: say so, not "can't open file" once per task.
+[[ -f examples/train.py ]] || {
+    echo "train_npu.sh: run sbatch from the repository root (there is no examples/train.py in $PWD)" >&2
+    exit 2
+}
 
 # CANN's environment (library paths for torch_npu and hccl). The path is the toolkit's default; set
 # ASCEND_TOOLKIT_ENV if your site installed it elsewhere. set_env.sh reads unset variables: relax -u for it.

@@ -22,6 +22,11 @@ set -euo pipefail
 # each task to one core.)
 if [[ -n ${SLURM_CPUS_PER_TASK:-} ]]; then export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK; fi
 cd "${SLURM_SUBMIT_DIR:-.}"
+# The paths below are relative to the repository root: say so, not "can't open file" once per task.
+[[ -f examples/train.py ]] || {
+    echo "train_torchrun.sh: run sbatch from the repository root (there is no examples/train.py in $PWD)" >&2
+    exit 2
+}
 
 PYTHON=${PYTHON:-python}
 TRAIN_STEPS=${TRAIN_STEPS:-200}

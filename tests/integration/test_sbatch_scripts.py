@@ -77,3 +77,14 @@ def test_rendered_scripts_pass_shellcheck(tmp_path, launcher, device):
                                    launcher=launcher, device=device, setup=setup)))
     done = shellcheck(path)
     assert done.returncode == 0, done.stdout + path.read_text()
+
+
+@pytest.mark.parametrize("path", JOB_SCRIPTS, ids=lambda p: p.name)
+def test_a_job_submitted_from_elsewhere_is_told_where_to_submit_from(path, tmp_path):
+    # Slurm starts the script in the submit directory (SLURM_SUBMIT_DIR): here one without the repository.
+    done = subprocess.run(["bash", str(path)], cwd=tmp_path, capture_output=True, text=True, timeout=TIMEOUT,
+                          env={"PATH": "/usr/bin:/bin", "SLURM_SUBMIT_DIR": str(tmp_path)})
+    assert done.returncode == 2, done.stderr
+    where = f"there is no examples/train.py in {tmp_path}"
+    assert done.stderr == f"{path.name}: run sbatch from the repository root ({where})\n"
+    assert list(tmp_path.iterdir()) == []  # before it makes runs/ there
