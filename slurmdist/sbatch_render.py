@@ -263,10 +263,14 @@ def quote_command(words: Sequence[str]) -> str:
     return " ".join(shlex.quote(word) for word in words)
 
 
+_TASK_UNIT = {"gpu": "GPU", "npu": "NPU", "cpu": "rank"}  # what each srun task drives, by --device
+
+
 def launch_lines(spec: JobSpec) -> List[str]:
     command = quote_command(spec.command)
     if spec.launcher == "srun":
-        return ["# One task per GPU: slurmdist.init() reads SLURM_PROCID / SLURM_LOCALID in each.",
+        unit = _TASK_UNIT[spec.device]
+        return [f"# One task per {unit}: slurmdist.init() reads SLURM_PROCID / SLURM_LOCALID in each.",
                 f"srun --kill-on-bad-exit=1 {command}"]
     if spec.launcher == "mpirun":
         # Ranks per node from the allocation, so `sbatch --ntasks-per-node=N` on the command line still fits.

@@ -63,6 +63,8 @@ def run_script(script: str, tmp_path: Path, **slurm: str) -> List[List[str]]:
     bin_dir = stub_bin(tmp_path / "bin", record)
     path = tmp_path / "job.sh"
     path.write_text(script)
+    (tmp_path / "examples").mkdir(exist_ok=True)  # the submit directory is a checkout, as the shipped scripts check
+    (tmp_path / "examples" / "train.py").touch()
     env = {
         "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
         "SLURM_JOB_ID": "42", "SLURM_NNODES": "2", "SLURM_NTASKS": "8", "SLURM_CPUS_PER_TASK": "4",
@@ -209,6 +211,12 @@ def test_a_job_that_requeues_appends_to_its_log_and_one_that_does_not_leaves_slu
     for script in sorted((REPO / "sbatch").glob("*.sh")):
         text = script.read_text()
         assert ("#SBATCH --requeue" in text) == ("#SBATCH --open-mode=append" in text), script.name
+
+
+@pytest.mark.parametrize("device, unit", [("gpu", "GPU"), ("npu", "NPU"), ("cpu", "rank")])
+def test_the_launch_comment_names_what_each_task_drives(device, unit):
+    script = render(JobSpec(command=("python", "t.py"), device=device, gpus_per_node=0 if device == "cpu" else 4))
+    assert f"# One task per {unit}: " in script
 
 
 def test_the_warning_signal_is_spelled_as_slurm_does_and_explained_at_the_top():
