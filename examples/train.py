@@ -13,6 +13,8 @@ Why it is built this way:
   SIGUSR2 asks for a checkpoint at the next step boundary (with `--requeue`, rank 0 then requeues the Slurm job,
   which resumes under the same job id, instead of running into its time limit); SIGTERM (scancel, the time
   limit, a preemption) for a checkpoint and a clean stop, at a step all ranks agree on, with exit status 143.
+  A job that cannot be requeued (not a Slurm job, submitted without --requeue, out of requeues) stops the same
+  way after the warning's checkpoint, with one line saying why and exit status 75: resubmit it to resume.
 - Rank 0 writes `--out` as JSON: {"world_size": W, "loss": L, "checksum": sha256 of the final parameters}.
 """
 
@@ -44,6 +46,7 @@ FEATURES, HIDDEN = 16, 32
 # What `#SBATCH --signal=USR2@120` sends before the time limit (USR2: NCCL has used SIGUSR1 itself).
 CHECKPOINT_SIGNAL = signal.SIGUSR2
 STOPPED_EXIT_STATUS = 128 + signal.SIGTERM  # what the shell reports for a process ended by SIGTERM
+NOT_REQUEUED_EXIT_STATUS = 75  # sysexits' EX_TEMPFAIL: saved but not requeued (--requeue): resubmit to resume
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
@@ -231,6 +234,7 @@ class RequeueAfterSave:
 
     def __init__(self, preemption: "slurmdist.requeue.Preemption") -> None:
         self.preemption = preemption
+        self.not_requeued = False  # rank 0 saved, but the job cannot be requeued: every rank stops
 
     def install(self) -> None:
         """Nothing to add: `slurmdist.requeue.install()` already listens for both signals."""
@@ -246,25 +250,41 @@ class RequeueAfterSave:
     @requested.setter
     def requested(self, value: bool) -> None:
         # After a SIGTERM every rank stops at this step (`all_agree_to_stop`) and returns 143 itself.
-        if not value and self.preemption.requested and not self.preemption.ending:
-            self.preemption.requeue()  # rank 0: scontrol requeue, then wait to be ended
+        if not value and self.preemption.requested and not self.preemption.ending and not self.not_requeued:
+            try:
+                self.preemption.requeue()  # rank 0: scontrol requeue, then wait to be ended
+            except slurmdist.requeue.RequeueError as error:  # not a Slurm job, not requeueable, out of requeues
+                print(f"train.py: checkpoint saved; {error}", file=sys.stderr)
+                self.not_requeued = True
 
 
 class Stopped(Exception):
-    """Training stopped early on SIGTERM, after saving its checkpoint."""
+    """Training stopped early, after saving its checkpoint; `status` is the exit status."""
+
+    def __init__(self, step: int, status: int) -> None:
+        super().__init__(step, status)
+        self.step, self.status = step, status
 
 
-def all_agree_to_stop(request: Any, env: slurmdist.DistEnv) -> bool:
-    """True on every rank as soon as any rank got SIGTERM: Slurm signals the ranks at slightly different
-    moments, and a rank that stopped alone would leave the others waiting in a collective."""
-    stopping = bool(getattr(request, "stopping", False))
+def stop_status(request: Any) -> int:
+    """Why this rank would stop now, as the exit status to stop with; 0 to go on."""
+    if getattr(request, "stopping", False):
+        return STOPPED_EXIT_STATUS
+    return NOT_REQUEUED_EXIT_STATUS if getattr(request, "not_requeued", False) else 0
+
+
+def all_agree_to_stop(request: Any, env: slurmdist.DistEnv) -> int:
+    """0 while every rank goes on; else, on every rank at the same step, the status to stop with (SIGTERM's
+    wins). Slurm signals the ranks at slightly different moments, only rank 0 learns that the job cannot be
+    requeued, and a rank that stopped alone would leave the others waiting in a collective."""
+    status = stop_status(request)
     if env.world_size == 1:
-        return stopping
+        return status
     import torch.distributed as dist
 
-    flag = torch.tensor([float(stopping)], device=env.device)
+    flag = torch.tensor([float(status)], device=env.device)
     dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    return bool(flag.item())
+    return int(flag.item())
 
 
 def global_mean(value: torch.Tensor, world_size: int) -> float:
@@ -288,7 +308,7 @@ def settle_buckets(ddp: DistributedDataParallel, inputs: torch.Tensor) -> None:
     ddp.module.zero_grad(set_to_none=True)
 
 
-Request = Any  # CheckpointRequest or RequeueAfterSave: `.requested` (settable) and `.stopping`
+Request = Any  # CheckpointRequest or RequeueAfterSave: `.requested` (settable), `.stopping` (and `.not_requeued`)
 
 
 def train(args: argparse.Namespace, env: slurmdist.DistEnv, request: Request) -> Dict[str, Any]:
@@ -334,9 +354,10 @@ def train(args: argparse.Namespace, env: slurmdist.DistEnv, request: Request) ->
             save_checkpoint(state, args.checkpoint)
             request.requested = False
         if stop:
-            slurmdist.print0(f"SIGTERM: stopped at step {state.step}" +
+            why = "SIGTERM" if stop == STOPPED_EXIT_STATUS else "not requeued"
+            slurmdist.print0(f"{why}: stopped at step {state.step}" +
                              (f", checkpoint {args.checkpoint}" if args.checkpoint else " (no --checkpoint)"))
-            raise Stopped(state.step)
+            raise Stopped(state.step, stop)
     if args.checkpoint and env.is_main:
         save_checkpoint(state, args.checkpoint)
     return {"world_size": env.world_size, "loss": full_loss(model, data), "checksum": checksum(model),
@@ -368,11 +389,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 def train_and_report(args: argparse.Namespace, env: slurmdist.DistEnv, request: Request) -> int:
-    """Train; rank 0 writes the result. The exit status: 0, or 143 when SIGTERM stopped training early."""
+    """Train; rank 0 writes the result. The exit status: 0, 143 when SIGTERM stopped training early, 75 when
+    the warning came and (--requeue) the job could not be requeued."""
     try:
         result = train(args, env, request)
-    except Stopped:
-        return STOPPED_EXIT_STATUS
+    except Stopped as stopped:
+        return stopped.status
     if env.is_main:
         if args.out:
             write_atomically(args.out, lambda stream: stream.write(json.dumps(result, indent=1).encode()))

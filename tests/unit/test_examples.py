@@ -8,8 +8,10 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -119,6 +121,26 @@ def test_the_warning_signal_requests_a_checkpoint_and_does_not_kill(train):
         assert request.requested
     finally:
         signal.signal(train.CHECKPOINT_SIGNAL, previous)
+
+
+def test_a_warning_that_cannot_requeue_saves_and_stops_with_one_line_and_status_75(train, single, tmp_path, capsys):
+    # Not a Slurm job (or one submitted without --requeue): the checkpoint is saved, every rank stops at one step.
+    checkpoint = tmp_path / "c.pt"
+    handlers = {sig: signal.getsignal(sig) for sig in (train.CHECKPOINT_SIGNAL, signal.SIGTERM)}
+    warning = threading.Timer(1.0, os.kill, (os.getpid(), train.CHECKPOINT_SIGNAL))
+    try:
+        warning.start()
+        status = train.main(["--requeue", "--checkpoint", str(checkpoint), "--steps", "400", "--step-seconds", "0.02"])
+    finally:
+        warning.cancel()
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    captured = capsys.readouterr()
+    assert status == train.NOT_REQUEUED_EXIT_STATUS == 75
+    assert "train.py: checkpoint saved; not requeued: this is not a Slurm job (SLURM_JOB_ID is unset)" in captured.err
+    assert "Traceback" not in captured.err
+    stopped_at = int(re.search(r"not requeued: stopped at step (\d+), checkpoint ", captured.out).group(1))
+    assert 0 < stopped_at < 400 and train.load_checkpoint(checkpoint)["step"] == stopped_at
 
 
 def test_atomic_write_keeps_the_old_file_when_writing_fails(train, tmp_path):
