@@ -18,6 +18,7 @@ from ..envvars import (
     parse_tasks_per_node,
     read_text,
     require_count,
+    whole_number,
 )
 from ..errors import HostlistError, LaunchError, quoted
 from ..notices import warn_once
@@ -60,6 +61,14 @@ def step_id(environ: Mapping[str, str]) -> Optional[str]:
 def _step_value(environ: Mapping[str, str]) -> Optional[str]:
     """The first step id variable that says something (stripped), task step or not; None when none does."""
     return next((value for value in (environ.get(name, "").strip() for name in STEP_ID_VARIABLES) if value), None)
+
+
+def _require_number(environ: Mapping[str, str], names: Tuple[str, ...], what: str) -> None:
+    """In a task step, the first of `names` that is set holds a number: the step's port is derived from it."""
+    name = next((name for name in names if environ.get(name, "").strip()), None)
+    if name is not None and whole_number(environ[name].strip(), max_digits=10) is None:  # uint32 in Slurm
+        raise LaunchError(f"srun: {name}={quoted(environ[name])} is not a {what} as Slurm sets it (a number of at "
+                          f"most 10 digits): {STEP_VARIABLES_ADVICE}", name, environ[name])
 
 
 def job_id(environ: Mapping[str, str]) -> Optional[str]:
@@ -106,6 +115,8 @@ def read_step(environ: Mapping[str, str]) -> Optional[DistEnv]:
     check_index("srun", "SLURM_LOCALID", local_rank, f"{layout_name}[node {position}]", local_world_size)
 
     job = job_id(environ)
+    _require_number(environ, STEP_ID_VARIABLES, "step id")
+    _require_number(environ, JOB_ID_VARIABLES, "job id")
     master_addr, master_port = explicit_master(environ)
     if master_addr is None and not arbitrary_layout(environ):
         # Block, cyclic and plane layouts all put task 0 on the first node; a heterogeneous step on the

@@ -77,9 +77,19 @@ def test_a_number_too_long_for_int_is_refused_naming_the_variable(name):
         detect({**task, name: "7" * 5000})
 
 
-def test_a_job_id_too_long_for_int_still_derives_a_port():
+@pytest.mark.parametrize("name, value", [("SLURM_JOB_ID", "7" * 5000), ("SLURM_JOB_ID", "abc"),
+                                         ("SLURM_JOB_ID", "12345678901"), ("SLURM_STEP_ID", "xyz"),
+                                         ("SLURM_STEP_ID", "-1"), ("SLURM_STEP_ID", "1.5")])
+def test_a_task_steps_ids_are_slurms_numbers_since_its_port_derives_from_them(name, value):
     task = load_case("slurm/srun_N2_tpn2")[0]
-    assert PORT_MIN <= detect({**task, "SLURM_JOB_ID": "7" * 5000}).master_port <= PORT_MAX
+    with pytest.raises(LaunchError, match=f"{name}='{value[:20]}.*is not a .* id as Slurm sets it") as raised:
+        detect({**task, name: value})
+    assert raised.value.variable == name
+
+
+def test_ids_at_slurms_limit_still_derive_a_port():
+    task = load_case("slurm/srun_N2_tpn2")[0]
+    assert PORT_MIN <= detect({**task, "SLURM_JOB_ID": "4294967295"}).master_port <= PORT_MAX
 
 
 def test_explicit_master_wins_over_the_nodelist():
