@@ -104,7 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     hosts = commands.add_parser("hostlist", help="expand, compress or take the first host of a Slurm hostlist")
     hosts.add_argument("action", choices=("expand", "compress", "first", "count"))
-    hosts.add_argument("hosts", nargs="+", help="a hostlist such as node[1-4]; for compress, host names")
+    hosts.add_argument("hosts", nargs="+", help="a hostlist such as node[1-4] (this job's: \"$SLURM_JOB_NODELIST\"); "
+                       "for compress, host names; - reads them from standard input (commas, spaces or lines apart, "
+                       "as `scontrol show hostnames` prints them)")
     hosts.add_argument("--limit", type=_host_limit, default=None, metavar="N",
                        help="expand and compress: refuse lists of more than N hosts (default 2**20, which bounds "
                        "memory)")
@@ -242,7 +244,8 @@ def _host_limit(text: str) -> int:
 def _hostlist(args: argparse.Namespace) -> int:
     from . import hostlist
 
-    text = ",".join(args.hosts)
+    # `-` stands for standard input: lists too long for one command-line argument, and pipes.
+    text = ",".join(",".join(sys.stdin.read().split()) if word == "-" else word for word in args.hosts)
     limit = hostlist.DEFAULT_LIMIT if args.limit is None else args.limit
     if args.action == "expand":
         hosts = hostlist.expand(text, limit=limit)

@@ -161,6 +161,19 @@ def test_hostlist_subcommand():
     assert slurmdist("hostlist", "expand", "--limit", "3", "n[1-3]", environ=environ).stdout.split() == ["n1", "n2", "n3"]
 
 
+def test_hostlist_reads_standard_input_for_a_dash():
+    def hostlist(*args: str, stdin: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "slurmdist", "hostlist", *args], input=stdin, timeout=30,
+                              env=clean_environ(), capture_output=True, text=True)
+
+    # `scontrol show hostnames | slurmdist hostlist compress -`: one host per line, or spaces and commas.
+    assert hostlist("compress", "-", stdin="n1\nn2\nn3\n n7 n8,n9\n").stdout == "n[1-3,7-9]\n"
+    assert hostlist("expand", "-", "m1", stdin="n[1-2]\n").stdout.split() == ["n1", "n2", "m1"]
+    assert hostlist("count", "-", stdin="").stdout == "0\n"
+    big = ",".join(f"h{n}x" for n in range(40000))  # beyond what one command-line argument may hold (128 KiB)
+    assert hostlist("count", "-", stdin=big).stdout == "40000\n"
+
+
 def test_a_reader_that_stops_early_ends_the_command_without_a_traceback():
     # `slurmdist hostlist expand 'n[1-200000]' | head -1`: more than a pipe holds, and head leaves after a line.
     proc = subprocess.Popen([sys.executable, "-m", "slurmdist", "hostlist", "expand", "n[1-200000]"],

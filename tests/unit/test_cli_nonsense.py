@@ -136,6 +136,7 @@ def validate_parsed(args) -> None:
 def test_generated_arguments_only_exit_2_or_raise_slurmdist_errors(reliability_record, monkeypatch):
     for key in [k for k in os.environ if k.startswith(("SLURM", "OMPI_", "PMI_", "SUBMITIT", "RANK", "WORLD_SIZE"))]:
         monkeypatch.delenv(key)
+    monkeypatch.setattr(sys, "stdin", io.StringIO(""))  # `hostlist expand -` reads it: empty, as from /dev/null
     outcomes = {"parsed and valid": 0, "argparse exit 2": 0, "help (exit 0)": 0, "SlurmdistError (exit 2)": 0}
 
     @FUZZ
