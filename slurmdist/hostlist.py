@@ -408,6 +408,7 @@ def expand(text: str, *, limit: int = DEFAULT_LIMIT) -> List[str]:
     before hosts are built: an item is measured before it is built, and a list of several items is counted
     whole once it grows past a few thousand hosts, so a hostile list cannot exhaust memory.
     """
+    _check_text(text, "expand")
     if "[" not in text and "]" not in text:
         return _expand_plain(text, limit)
     hosts: List[str] = []
@@ -496,6 +497,7 @@ def count(text: str) -> int:
 
     Cheap enough to check a job's nodelist against its node count; no ``limit`` since nothing is built.
     """
+    _check_text(text, "count")
     lone = _lone_item(text)
     if lone is not None:
         prefix, ranges, _ = lone
@@ -534,6 +536,7 @@ def first(text: str) -> str:
     range each bracket group starts with is checked for order and size; later ranges and items are not
     looked at, so this stays in microseconds on a list of a thousand fragments.
     """
+    _check_text(text, "first")
     lone = _lone_item(text)
     if lone is not None:
         prefix, ranges, after = lone
@@ -581,6 +584,15 @@ def _split_name(name: str, trailing_digits: "re.Pattern[str]") -> Tuple[str, str
     if not digits or _number(digits) is None:
         return name, ""
     return name[: len(name) - len(digits)], digits
+
+
+def _check_text(text: object, function: str) -> None:
+    """A hostlist is one string: anything else would fail deep inside with an AttributeError or TypeError."""
+    if not isinstance(text, str):
+        hint = ("; decode it first" if isinstance(text, (bytes, bytearray)) else
+                "; for a list of host names, compress() it or join it with ','" if isinstance(text, Iterable) else "")
+        raise HostlistError(f"{function}() takes a hostlist string such as 'node[1-4]', got {type(text).__name__} "
+                            f"{text!r:.60}{hint}")
 
 
 def _check_host(host: str, ambiguous: "re.Pattern[str]") -> None:

@@ -204,6 +204,15 @@ def test_compress_refuses_one_string_which_it_would_read_letter_by_letter(text) 
         compress(text)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("function", [expand, count, first])
+@pytest.mark.parametrize("value, hint", [(["n1", "n2"], "compress\\(\\) it or join it"), (b"n[1-2]", "decode it first"),
+                                         (5, "got int 5$"), (None, "got NoneType None$")])
+def test_the_readers_take_one_string_and_say_so(function, value, hint) -> None:
+    # Not an AttributeError or TypeError from deep inside.
+    with pytest.raises(HostlistError, match=f"^{function.__name__}\\(\\) takes a hostlist string .*{hint}"):
+        function(value)
+
+
 def test_compress_rejects_non_strings() -> None:
     with pytest.raises(HostlistError, match="not a string"):
         compress(["n1", 2])  # type: ignore[list-item]
