@@ -117,10 +117,13 @@ def parse_signal(spec: SignalSpec = None, environ: Optional[Mapping[str, str]] =
                 text if text.startswith("SIG") else "SIG" + text]
         except (KeyError, ValueError):
             raise RequeueError(
-                f"{named} is not a signal name or number; use e.g. USR2 (the default) or TERM"
+                f"{named} is not a signal name or number; use e.g. USR2 (the default) or URG"
             ) from None
     if sig in UNCATCHABLE:
         raise RequeueError(f"{named} cannot be caught, so no checkpoint could follow it; use e.g. USR2")
+    if sig == signal.SIGTERM:  # the warning asks to requeue: scancel would then requeue the job, not end it
+        raise RequeueError(f"{named} is also what scancel, a preemption and the time limit send, so a cancelled job "
+                           "would requeue itself; use a signal that only the warning sends, e.g. USR2 (the default)")
     return sig
 
 

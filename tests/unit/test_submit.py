@@ -71,8 +71,8 @@ def test_jobs_are_requeueable_and_warned_with_usr2_by_default():
 
 
 def test_signal_is_configurable():
-    params = slurm_parameters(Resources(signal="SIGTERM", signal_delay=300))
-    assert params["additional_parameters"]["signal"] == "TERM@300"
+    params = slurm_parameters(Resources(signal="SIGURG", signal_delay=300))
+    assert params["additional_parameters"]["signal"] == "URG@300"
     assert params["signal_delay_s"] == 300
 
 
@@ -433,12 +433,12 @@ def test_job_environment_hides_the_launch_and_restores_it(monkeypatch):
 
     monkeypatch.setenv("RANK", "3")
     monkeypatch.setenv("SLURM_CONF", "/x/slurm.conf")
-    monkeypatch.setenv("SLURMDIST_REQUEUE_SIGNAL", "TERM")
+    monkeypatch.setenv("SLURMDIST_REQUEUE_SIGNAL", "URG")
     with job_environment({"SLURMDIST_REQUEUE_SIGNAL": "USR2"}):
         assert "RANK" not in os.environ
         assert os.environ["SLURM_CONF"] == "/x/slurm.conf"
         assert os.environ["SLURMDIST_REQUEUE_SIGNAL"] == "USR2"
-    assert (os.environ["RANK"], os.environ["SLURMDIST_REQUEUE_SIGNAL"]) == ("3", "TERM")
+    assert (os.environ["RANK"], os.environ["SLURMDIST_REQUEUE_SIGNAL"]) == ("3", "URG")
 
 
 def test_cpus_per_task_reaches_srun_through_the_batch_script():

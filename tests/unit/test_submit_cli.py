@@ -16,11 +16,11 @@ def parse(*argv):
 
 def test_options_become_submitter_arguments():
     args = parse("--nodes", "2", "--gpus-per-node", "4", "--time", "1:00:00", "-p", "gpu", "--sbatch",
-                 "constraint=a100", "--sbatch", "exclusive", "--setup", "module load cuda", "--signal", "TERM",
+                 "constraint=a100", "--sbatch", "exclusive", "--setup", "module load cuda", "--signal", "URG",
                  "--", "python", "train.py", "--steps", "5")
     options = submitter_options(args)
     assert {k: options[k] for k in ("nodes", "gpus_per_node", "time", "partition", "signal", "setup")} == {
-        "nodes": 2, "gpus_per_node": 4, "time": "1:00:00", "partition": "gpu", "signal": "TERM",
+        "nodes": 2, "gpus_per_node": 4, "time": "1:00:00", "partition": "gpu", "signal": "URG",
         "setup": ["module load cuda"]}
     assert options["sbatch"] == {"constraint": "a100", "exclusive": True}
     assert command_of(args) == ["python", "train.py", "--steps", "5"]

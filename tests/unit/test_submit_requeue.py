@@ -16,7 +16,7 @@ from slurmdist.requeue import (
 
 
 @pytest.mark.parametrize("spec, expected", [
-    ("USR2", signal.SIGUSR2), ("sigusr2", signal.SIGUSR2), ("TERM", signal.SIGTERM), (12, signal.Signals(12)),
+    ("USR2", signal.SIGUSR2), ("sigusr2", signal.SIGUSR2), ("URG", signal.SIGURG), (12, signal.Signals(12)),
     (signal.SIGUSR1, signal.SIGUSR1),
 ])
 def test_parse_signal(spec, expected):
@@ -25,7 +25,7 @@ def test_parse_signal(spec, expected):
 
 def test_signal_defaults_to_usr2_and_reads_the_environment():
     assert parse_signal(None, {}) is signal.SIGUSR2
-    assert parse_signal(None, {"SLURMDIST_REQUEUE_SIGNAL": "TERM"}) is signal.SIGTERM
+    assert parse_signal(None, {"SLURMDIST_REQUEUE_SIGNAL": "URG"}) is signal.SIGURG
 
 
 def test_unknown_signal_is_an_error():
@@ -41,6 +41,15 @@ def test_unknown_signal_is_an_error():
 def test_a_signal_that_cannot_be_caught_is_refused(spec):
     with pytest.raises(RequeueError, match="cannot be caught"):
         parse_signal(spec)
+
+
+@pytest.mark.parametrize("spec", ["TERM", "sigterm", 15, signal.SIGTERM])
+def test_sigterm_is_refused_as_the_warning_since_scancel_sends_it_too(spec):
+    # A job told to requeue on SIGTERM would requeue itself when the user cancels it.
+    with pytest.raises(RequeueError, match="also what scancel, a preemption and the time limit send"):
+        parse_signal(spec)
+    with pytest.raises(RequeueError, match="SLURMDIST_REQUEUE_SIGNAL='TERM' is also what scancel"):
+        parse_signal(None, {"SLURMDIST_REQUEUE_SIGNAL": "TERM"})
 
 
 def test_a_local_jobs_restarts_are_counted_as_a_slurm_jobs_requeues(tmp_path):
