@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from tests.integration.cluster import require
 from slurmdist.submit import (
     FINISHED_STATES, Resources, SubmitError, Submitter, choose_cluster, local_parameters, parse_mem, parse_state,
     parse_time, slurm_parameters,
@@ -453,10 +455,20 @@ def test_cpus_per_task_reaches_srun_through_the_batch_script():
     assert not any("SRUN_CPUS_PER_TASK" in line for line in environment_lines(Resources()))
 
 
-def test_local_jobs_start_their_controller_without_a_shell():
-    # submitit runs setup lines through `sh -c`; where sh is bash its controller then takes the wrong job id.
+def test_local_jobs_start_their_controller_without_a_shell_unless_the_user_gave_setup_lines():
     assert local_parameters(Resources())["setup"] == []
-    assert local_parameters(Resources(setup=["echo hi"]))["setup"] == ["echo hi"]
+
+
+@pytest.mark.parametrize("shell", ["bash", "dash"])
+def test_with_setup_lines_a_local_controllers_parent_is_the_shell_that_is_the_job(shell):
+    # submitit runs `sh -c "SETUP && CONTROLLER"` and the controller takes its parent (getppid) for the job;
+    # bash would exec the controller itself, leaving the submitting process as its parent.
+    setup = local_parameters(Resources(setup=["export FOO=bar"]))["setup"]
+    controller = shlex.join([sys.executable, "-c", "import os; print(os.getppid(), os.environ['FOO'])"])
+    shell_process = subprocess.Popen([require(shell), "-c", " && ".join([*setup, controller])],
+                                     stdout=subprocess.PIPE, text=True)
+    out, _ = shell_process.communicate(timeout=30)
+    assert out.split() == [str(shell_process.pid), "bar"]
 
 
 @pytest.mark.parametrize("output, parsed", [
