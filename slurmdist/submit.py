@@ -495,10 +495,20 @@ def job_state(job: Any, environ: Optional[Mapping[str, str]] = None, timeout: fl
     FORGOTTEN when slurmctld no longer knows the job and accounting has no record of it (it ended more than
     MinJobAge ago on a cluster without accounting); UNKNOWN when neither answered.
     """
-    if is_local(job):  # the LocalExecutor knows only its controller process: running, finished or gone
-        state = job.state
-        return "RUNNING" if state == "RUNNING" else ("COMPLETED" if state == "FINISHED" else "FAILED")
+    if is_local(job):
+        return _local_state(job)
     return slurm_state(job.job_id, environ, timeout)
+
+
+def _local_state(job: Any) -> str:
+    """The LocalExecutor knows only its controller process: running, finished or gone. A controller finishes
+    whatever its tasks did (a task killed, a setup line that failed), so only results say COMPLETED."""
+    state = job.state
+    if state == "RUNNING":
+        return "RUNNING"
+    succeeded = state == "FINISHED" and _all_results_written(job) and all(
+        outcome == "success" for outcome, _ in _read_outcomes(job, grace=0.0))
+    return "COMPLETED" if succeeded else "FAILED"
 
 
 def slurm_state(job_id: str, environ: Optional[Mapping[str, str]] = None, timeout: float = SLURM_CALL_TIMEOUT) -> str:

@@ -379,6 +379,28 @@ def test_a_local_job_stops_restarting_at_max_requeues(tmp_path):
     assert count == "1" and controller_started.isdigit()
 
 
+def killed_by_sigkill() -> None:
+    """What the OOM killer does to a task."""
+    import os
+    import signal as signals
+
+    os.kill(os.getpid(), signals.SIGKILL)
+
+
+def test_a_local_job_whose_task_died_or_whose_setup_failed_is_failed_not_completed(tmp_path):
+    # The controller finishes whatever its tasks did: only their results make the job COMPLETED.
+    from slurmdist.submit import Submitter, job_state, wait
+
+    killed = Submitter(tasks_per_node=1, time=5, folder=tmp_path / "killed" / "%j", cluster="local").submit(
+        killed_by_sigkill)
+    no_setup = Submitter(tasks_per_node=1, time=5, folder=tmp_path / "setup" / "%j", cluster="local",
+                         setup=["no-such-module-command cuda/12.1"]).submit(print, "never")
+    assert wait(killed, timeout=TIMEOUT) == "FAILED" and job_state(killed) == "FAILED"
+    assert wait(no_setup, timeout=TIMEOUT) == "FAILED"
+    fine = Submitter(tasks_per_node=1, time=5, folder=tmp_path / "fine" / "%j", cluster="local").submit(len, "ab")
+    assert wait(fine, timeout=TIMEOUT) == "COMPLETED"
+
+
 def children_of(pid: int) -> list:
     """The pids of the processes whose parent is `pid`."""
     found = []
