@@ -133,9 +133,13 @@ class RankFilter(logging.Filter):
         record.rank_prefix = prefix(rank, world_size)
         if not self.prefix_message or getattr(record, "_slurmdist_prefixed", False):
             return True
+        try:
+            message = str(record.msg)  # what logging's getMessage() does, but here outside its error handling
+        except Exception:  # left as logged: the handler reports it as a logging error, and the program goes on
+            return True
         if sys.version_info >= (3, 12):  # this handler's own copy: other handlers keep the message as logged
             record = copy.copy(record)
-        record.msg = f"{record.rank_prefix} {record.msg}"
+        record.msg = f"{record.rank_prefix} {message}"
         record._slurmdist_prefixed = True
         return record if sys.version_info >= (3, 12) else True
 

@@ -99,6 +99,26 @@ def test_filter_prefixes_once_with_two_handlers():
     assert records[0].rank_prefix == "[rank 1/2]"
 
 
+def test_a_message_that_cannot_be_shown_is_a_logging_error_not_a_crash(capsys):
+    class Unprintable:
+        def __str__(self) -> str:
+            raise RuntimeError("no str")
+
+    logger = logging.getLogger("test_logs.unprintable")
+    logger.propagate = False  # pytest's own capture handler raises logging errors instead of reporting them
+    handler = logging.StreamHandler()  # writes to the stderr capsys captures; reports errors there too
+    handler.addFilter(RankFilter(rank=0, world_size=2))
+    logger.addHandler(handler)
+    try:
+        logger.warning(Unprintable())  # as without the filter: reported by logging, and the program goes on
+        logger.warning("after")
+    finally:
+        logger.removeHandler(handler)
+    err = capsys.readouterr().err
+    assert "--- Logging error ---" in err and "RuntimeError: no str" in err
+    assert err.endswith("[rank 0/2] after\n")
+
+
 def test_a_fixed_rank_alone_overrides_only_the_rank(as_rank):
     as_rank(0, 4)
     assert capture(RankFilter(rank=3), lambda log: log.warning("x")) == ["[rank 3/4] x"]
