@@ -40,7 +40,7 @@ from .envvars import whole_number
 from .errors import SlurmdistError
 from .requeue import RequeueError, Resumable, parse_signal, signal_delay_problem, slurm_name
 from .sbatch_render import HAND_ON_CPUS_PER_TASK
-from .task_command import Command
+from .task_command import Command, CommandFailed
 
 log = logging.getLogger("slurmdist")
 
@@ -603,8 +603,12 @@ def results(job: Any, timeout: float, *, poll: float = 1.0) -> List[Any]:
         first = min(failed, key=lambda task: job.task(task).paths.result_pickle.stat().st_mtime)
         others = f" (then task(s) {sorted(set(failed) - {first})} failed too)" if len(failed) > 1 else ""
         ended = "" if state == "COMPLETED" else f"ended {state}: "  # CANCELLED, PREEMPTED, TIMEOUT say why
-        raise JobFailedError(f"job {job.job_id} {ended}task {first} raised{others}:\n{outcomes[first][1]}\n"
-                             f"(log: {_task_paths(job, first)[1]})", state, job.job_id)
+        log = _task_paths(job, first)[1]
+        # A command's own error is in the log it wrote to, not in the task's traceback (which says its status).
+        command_failed = f"{CommandFailed.__name__}: " in outcomes[first][1]
+        said = f"last lines of {log}:\n{_tail(log, skip='submitit ')}" if command_failed else f"(log: {log})"
+        raise JobFailedError(f"job {job.job_id} {ended}task {first} raised{others}:\n{outcomes[first][1]}\n{said}",
+                             state, job.job_id)
     if any(outcome is None for outcome, _ in outcomes):
         missing = [task for task, (outcome, _) in enumerate(outcomes) if outcome is None]
         stdout, stderr = _task_paths(job, missing[0])
@@ -688,11 +692,17 @@ def _read_outcomes(job: Any, grace: float) -> List[Tuple[Optional[str], Any]]:
     return outcomes
 
 
-def _tail(path: Path, lines: int = 20) -> str:
+def _tail(path: Path, lines: int = 20, skip: Optional[str] = None) -> str:
+    """The last `lines` lines of a log (read from its last 64 KiB: logs grow large), without those that start
+    with `skip`."""
     try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+        with open(path, "rb") as log:
+            log.seek(max(0, log.seek(0, os.SEEK_END) - 65536))
+            kept = [line for line in log.read().decode(errors="replace").splitlines()
+                    if skip is None or not line.startswith(skip)]
     except OSError:
         return "(no log file)"
+    return "\n".join(kept[-lines:])
 
 
 def log_paths(job: Any) -> Tuple[Path, Path]:

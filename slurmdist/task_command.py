@@ -53,8 +53,13 @@ class Command:
             # would read after a requeue before the new run replaced it; Slurm's state says what happened.
             exit_without_result(ENDED_EXIT_STATUS)
         if code != 0:
-            raise RuntimeError(f"command {exit_text(code)}: {shlex.join(self.argv)}")
+            raise CommandFailed(f"command {exit_text(code)}: {shlex.join(self.argv)}")
         return code
+
+
+class CommandFailed(RuntimeError):
+    """The command ended non-zero; why is in the task's log, which `results()` quotes (the name is how it
+    recognises this failure in the remote traceback)."""
 
 
 class _SignalRelay:
