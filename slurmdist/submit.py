@@ -38,7 +38,7 @@ from . import commands
 from .argv import command_words
 from .envvars import whole_number
 from .errors import SlurmdistError
-from .requeue import RequeueError, Resumable, parse_signal, signal_delay_problem, slurm_name
+from .requeue import RequeueError, Resumable, parse_signal, requeue_limit, signal_delay_problem, slurm_name
 from .sbatch_render import HAND_ON_CPUS_PER_TASK
 from .task_command import Command, CommandFailed
 
@@ -199,8 +199,9 @@ class Resources:
         self._check_signal_delay(parse_time(self.time))
         if self.mem is not None:
             parse_mem(self.mem)
-        try:
+        try:  # the job reads these too, from the environment it inherits: checked here, not after the queue
             parse_signal(self.signal)
+            requeue_limit(None, os.environ)
         except RequeueError as error:
             raise SubmitError(str(error)) from None
         _check_sbatch_options(self.sbatch)

@@ -101,6 +101,16 @@ def test_resources_are_validated(changes, message):
         Resources(**changes)
 
 
+@pytest.mark.parametrize("name, value, message", [
+    ("SLURMDIST_MAX_REQUEUES", "ten", "SLURMDIST_MAX_REQUEUES='ten' is not a whole number of requeues"),
+    ("SLURMDIST_REQUEUE_SIGNAL", "TERM", "SLURMDIST_REQUEUE_SIGNAL='TERM' is also what scancel"),
+])
+def test_requeue_variables_the_job_inherits_are_checked_before_it_queues(monkeypatch, name, value, message):
+    monkeypatch.setenv(name, value)
+    with pytest.raises(SubmitError, match=message):
+        Resources()
+
+
 def test_the_rendered_batch_script_quotes_every_value():
     """What sbatch reads, rendered by submitit itself from our parameters: nothing can break out."""
     from submitit.slurm.slurm import _make_sbatch_string
