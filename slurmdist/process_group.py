@@ -91,9 +91,10 @@ def init(
             atexit.register(_shutdown_at_exit)
             _state["atexit"] = True
         if log.isEnabledFor(logging.INFO):  # the endpoint's spelling parses the address: only when shown
-            log.info("rank %d/%d ready in %.3f s: %s on %s, master %s", env.rank, env.world_size,
-                     time.monotonic() - started, env.backend, env.device,
-                     hosts.hostport(env.master_addr, env.master_port))
+            master = (f", master {hosts.hostport(env.master_addr, env.master_port)}" if env.world_size > 1
+                      else "")  # a single process meets nobody
+            log.info("rank %d/%d ready in %.3f s: %s on %s%s", env.rank, env.world_size,
+                     time.monotonic() - started, env.backend, env.device, master)
         return env
 
 

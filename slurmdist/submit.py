@@ -490,6 +490,11 @@ def is_local(job: Any) -> bool:
     return type(job).__name__ == "LocalJob"
 
 
+def stop_command(job: Any) -> str:
+    """The shell command that stops `job`: a local job's id is its controller's pid."""
+    return f"kill {job.job_id}" if is_local(job) else f"scancel {job.job_id}"
+
+
 def job_state(job: Any, environ: Optional[Mapping[str, str]] = None, timeout: float = SLURM_CALL_TIMEOUT) -> str:
     """The job's state now: squeue while slurmctld remembers the job, else sacct, both within `timeout`.
 
@@ -586,9 +591,8 @@ def _wait(job: Any, timeout: float, poll: float = 1.0, on_state: Optional[Callab
         if state in FINISHED_STATES:
             return state, outcomes
         if time.monotonic() >= deadline:
-            stop = f"kill {job.job_id}" if is_local(job) else f"scancel {job.job_id}"  # a local job's id is a pid
             raise JobTimeoutError(f"job {job.job_id} still {state} after {timeout:.0f}s (it keeps running; "
-                                  f"`{stop}` to stop it)")
+                                  f"`{stop_command(job)}` to stop it)")
         time.sleep(min(poll if written_at is None else 0.2, max(0.0, deadline - time.monotonic())))
 
 

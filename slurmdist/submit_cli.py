@@ -5,8 +5,9 @@
 
 Prints the job id and rank 0's log files; with --wait prints state changes (stderr) and rank 0's output as it
 is written (stdout), then exits 0 when every task succeeded, 1 when the job failed (with the remote error),
-124 when --timeout ran out first. The command runs without a shell, one copy per task: nothing in it can
-inject shell code. Only --setup lines are shell, on purpose (module load, source a venv).
+124 when --timeout ran out first, 130 on Ctrl-C (the job keeps running). The command runs without a shell,
+one copy per task: nothing in it can inject shell code. Only --setup lines are shell, on purpose (module load,
+source a venv).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from .errors import SlurmdistError
 WAIT_TIMEOUT_DEFAULT = 86400.0  # seconds --wait follows a job when --timeout is not given
 EXIT_FAILED = 1
 EXIT_TIMEOUT = 124
+EXIT_INTERRUPTED = 130  # what a shell reports for a command Ctrl-C ended
 
 
 def register(subparsers: Any) -> None:
@@ -169,7 +171,7 @@ def submitted_quietly(submit: Callable[[], Any]) -> Any:
 
 def follow(job: Any, timeout: float) -> int:
     """Print state changes and rank 0's new output until the job ends; its exit status for the shell."""
-    from .submit import JobFailedError, JobTimeoutError, log_paths, results, wait
+    from .submit import JobFailedError, JobTimeoutError, log_paths, results, stop_command, wait
 
     tail = LogTail(log_paths(job)[0])
     seen: List[str] = []
@@ -192,6 +194,10 @@ def follow(job: Any, timeout: float) -> int:
         tail.flush()
         print(f"slurmdist: {error}", file=sys.stderr)
         return EXIT_FAILED
+    except KeyboardInterrupt:  # Ctrl-C stops following, not the job: say so, as the timeout does
+        print(f"\nslurmdist: stopped following job {job.job_id}; it keeps running (`{stop_command(job)}` to stop "
+              "it)", file=sys.stderr)
+        return EXIT_INTERRUPTED
     print(f"slurmdist: job {job.job_id} succeeded", file=sys.stderr)
     return 0
 

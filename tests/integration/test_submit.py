@@ -3,11 +3,13 @@ round trip, sweep, CLI --wait, preemption -> checkpoint -> requeue -> resume, pr
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
 import re
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -401,6 +403,33 @@ def test_a_local_job_whose_task_died_or_whose_setup_failed_is_failed_not_complet
     assert wait(no_setup, timeout=TIMEOUT) == "FAILED"
     fine = Submitter(tasks_per_node=1, time=5, folder=tmp_path / "fine" / "%j", cluster="local").submit(len, "ab")
     assert wait(fine, timeout=TIMEOUT) == "COMPLETED"
+
+
+def test_ctrl_c_stops_following_not_the_job_and_says_so(tmp_path):
+    out, err = tmp_path / "out", tmp_path / "err"  # files: the job inherits them and outlives the follower
+    with open(out, "w") as stdout, open(err, "w") as stderr:
+        follower = subprocess.Popen(
+            [PYTHON, "-m", "slurmdist", "submit", "--cluster", "local", "--folder", str(tmp_path / "%j"), "--wait",
+             "--", PYTHON, "-c", "import time; print('started', flush=True); time.sleep(60)"],
+            stdout=stdout, stderr=stderr,
+            # As from a terminal: a test run started in the background inherits SIGINT ignored, and Python then
+            # installs no KeyboardInterrupt handler.
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    job_id = None
+    try:
+        wait_for_line(out, r"submitted job \d+")
+        job_id = re.search(r"submitted job (\d+)", out.read_text()).group(1)
+        wait_for_line(tmp_path / job_id / f"{job_id}_0_log.out", "started")
+        follower.send_signal(signal.SIGINT)
+        assert follower.wait(timeout=30) == 130, err.read_text()
+        said = f"stopped following job {job_id}; it keeps running (`kill {job_id}` to stop it)"
+        assert said in err.read_text(), err.read_text()
+        os.kill(int(job_id), 0)  # the job is still there
+    finally:
+        follower.kill()
+        if job_id is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(job_id), signal.SIGTERM)
 
 
 def children_of(pid: int) -> list:
