@@ -378,8 +378,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if env.device.type == "cpu":
         torch.set_num_threads(args.threads)
     master = f", master {env.master_addr}:{env.master_port}" if env.world_size > 1 else ""
-    slurmdist.print0(f"{env.launcher}: {env.world_size} rank(s) on {env.num_nodes or '?'} node(s), "
-                     f"{env.backend} on {env.device.type}{master}")
+    nodes = f" on {env.num_nodes} node(s)" if env.num_nodes else ""  # MPI across nodes does not say how many
+    slurmdist.print0(f"{env.launcher}: {env.world_size} rank(s){nodes}, {env.backend} on {env.device.type}{master}")
     try:
         status = train_and_report(args, env, request)
         slurmdist.barrier()  # nobody tears the group down while rank 0 still writes its files
