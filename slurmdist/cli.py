@@ -244,8 +244,7 @@ def _host_limit(text: str) -> int:
 def _hostlist(args: argparse.Namespace) -> int:
     from . import hostlist
 
-    # `-` stands for standard input: lists too long for one command-line argument, and pipes.
-    text = ",".join(",".join(sys.stdin.read().split()) if word == "-" else word for word in args.hosts)
+    text = ",".join(_standard_input_hosts() if word == "-" else word for word in args.hosts)
     limit = hostlist.DEFAULT_LIMIT if args.limit is None else args.limit
     if args.action == "expand":
         hosts = hostlist.expand(text, limit=limit)
@@ -258,6 +257,14 @@ def _hostlist(args: argparse.Namespace) -> int:
     else:
         print(hostlist.count(text))
     return 0
+
+
+def _standard_input_hosts() -> str:
+    """What `-` stands for: the hosts on standard input, for pipes and lists too long for one argument."""
+    if sys.stdin is None:  # started with `<&-`
+        raise SlurmdistError("hostlist: - reads the hosts from standard input, which is closed; pipe them in, "
+                             "or give them as arguments")
+    return ",".join(sys.stdin.read().split())
 
 
 def _version() -> str:

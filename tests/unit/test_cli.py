@@ -172,6 +172,9 @@ def test_hostlist_reads_standard_input_for_a_dash():
     assert hostlist("count", "-", stdin="").stdout == "0\n"
     big = ",".join(f"h{n}x" for n in range(40000))  # beyond what one command-line argument may hold (128 KiB)
     assert hostlist("count", "-", stdin=big).stdout == "40000\n"
+    closed = subprocess.run(["bash", "-c", f"{sys.executable} -m slurmdist hostlist expand - <&-"], timeout=30,
+                            env=clean_environ(), capture_output=True, text=True)
+    assert closed.returncode == 2 and "standard input, which is closed" in closed.stderr, closed.stderr
 
 
 def test_a_reader_that_stops_early_ends_the_command_without_a_traceback():
