@@ -23,12 +23,14 @@ import contextlib
 import logging
 import math
 import os
+import pickle
 import re
 import shlex
 import shutil
 import subprocess
 import threading
 import time
+import traceback
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -462,9 +464,21 @@ def _submitting(submit: Callable[[], Any], environment: Mapping[str, str], folde
         raise SubmitError(f"sbatch refused the job: {str(error).strip()}") from None
     if isinstance(error, OSError):
         raise folder_failure(error, folder) from None
+    if error is not None and _raised_while_pickling(error):
+        raise SubmitError(f"the function or its arguments cannot be sent to the job: {error}. They are pickled "
+                          "into a file the job loads: pass what the job needs to rebuild them (a path, a config) "
+                          "instead") from error
     if error is not None:
         raise error
     return outcome["job"]
+
+
+def _raised_while_pickling(error: BaseException) -> bool:
+    """Whether `error` came from pickling (submitit cloudpickles the function and its arguments), not from
+    submitit or sbatch."""
+    frames = traceback.extract_tb(error.__traceback__)
+    return isinstance(error, (TypeError, AttributeError, pickle.PicklingError)) and any(
+        "pickle" in os.path.basename(frame.filename) for frame in frames)
 
 
 def folder_failure(error: OSError, folder: Path) -> Exception:

@@ -602,3 +602,11 @@ def test_a_local_jobs_timeout_says_how_to_stop_it_there():
 
     with pytest.raises(submit.JobTimeoutError, match="`kill 8197` to stop it"):
         submit.wait(LocalJob(), timeout=0.1, poll=0.05)
+
+
+def test_an_argument_that_cannot_be_pickled_is_a_submit_error_saying_so(tmp_path):
+    import threading
+
+    submitter = Submitter(tasks_per_node=1, folder=tmp_path / "%j", cluster="local")
+    with pytest.raises(SubmitError, match=r"cannot be sent to the job: cannot pickle '_thread.lock' object\. .*a path"):
+        submitter.submit(print, threading.Lock())
