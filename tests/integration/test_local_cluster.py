@@ -63,6 +63,13 @@ def test_srun_spans_two_nodes_with_their_own_hostnames(slurm_cluster):
     assert sorted(out.split()) == ["node1", "node1", "node2", "node2"]
 
 
+def test_slurmctld_listens_on_loopback_only(slurm_cluster):
+    pid = (slurm_cluster.dir / "run" / "slurmctld.pid").read_text().strip()
+    sockets = subprocess.run(["ss", "-Htlnp"], capture_output=True, text=True, timeout=30, check=True).stdout
+    addresses = [line.split()[3] for line in sockets.splitlines() if f"pid={pid}," in line]
+    assert addresses and all(address.startswith("127.0.0.1:") for address in addresses), addresses
+
+
 def test_nodes_accept_more_cpus_than_the_machine_has(slurm_cluster):
     slurm_cluster.run(["srun", "-N2", "--ntasks-per-node=4", "--cpus-per-task=2", "true"])
 
