@@ -16,7 +16,7 @@
 #SBATCH --signal=USR2@120         # SIGUSR2 to every task 120 s before the limit: train.py saves, requeues
 #SBATCH --requeue                 # a requeued element resumes from its own checkpoint
 #SBATCH --output=%x-%A_%a.out     # %A = array job id, %a = array index (each element logs to its own file)
-#SBATCH --open-mode=append         # a requeued element adds to its log (Slurm would start it afresh)
+#SBATCH --open-mode=append        # a requeued element adds to its log (Slurm would start it afresh)
 
 set -euo pipefail
 

@@ -16,7 +16,7 @@
 #SBATCH --signal=USR2@120         # SIGUSR2 to every task 120 s before the limit: train.py saves, requeues
 #SBATCH --requeue                 # after a node failure or preemption, run again (and resume)
 #SBATCH --output=%x-%j.out        # %x = job name, %j = job id; the directory must already exist
-#SBATCH --open-mode=append         # a requeued run adds to the log (Slurm would start it afresh)
+#SBATCH --open-mode=append        # a requeued run adds to the log (Slurm would start it afresh)
 
 # Stop at the first failing command, on unset variables and on failures inside pipes.
 set -euo pipefail

@@ -102,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("command", nargs=argparse.REMAINDER, metavar="-- CMD [ARGS...]")
     run.set_defaults(handler=_run)
 
-    hosts = commands.add_parser("hostlist", help="expand, compress or take the first host of a Slurm hostlist")
+    hosts = commands.add_parser("hostlist", help="expand, compress, count or take the first host of a Slurm hostlist")
     hosts.add_argument("action", choices=("expand", "compress", "first", "count"))
     hosts.add_argument("hosts", nargs="+", help="a hostlist such as node[1-4] (this job's: \"$SLURM_JOB_NODELIST\"); "
                        "for compress, host names; - reads them from standard input (commas, spaces or lines apart, "
