@@ -32,6 +32,9 @@ mkdir -p "$TRAIN_DIR"
 # Open MPI's libfabric transport is slow to start and unused by torch (gloo/nccl do the talking); MPI here only
 # starts the processes. Comment out to keep your site's transports.
 export OMPI_MCA_btl=${OMPI_MCA_btl:-^ofi}
+# Open MPI refuses to start as root unless told that it is meant: jobs that run as root (containers, this
+# project's local cluster) say so.
+if ((EUID == 0)); then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
 
 # These expand once, here in the batch script: job-wide values. Inside the ranks SLURM_PROCID is the srun task
 # id of mpirun's daemon (one per node), not the MPI rank: slurmdist reads OMPI_COMM_WORLD_RANK instead.

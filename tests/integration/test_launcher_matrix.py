@@ -125,8 +125,9 @@ def _sbatch_torchrun(runs: Runs, d: Path) -> dict:
 def _sbatch_mpirun(runs: Runs, d: Path) -> dict:
     require("mpirun")
     # A short init bound: a launch that cannot meet fails in seconds, not after the default timeout.
+    # The jobs here run as root, which Open MPI refuses unless told it is meant: the script says so itself.
     return runs.sbatch("train_mpirun.sh", d, "--ntasks-per-node=2", "--cpus-per-task=1",
-                       SLURMDIST_INIT_TIMEOUT="10")
+                       SLURMDIST_INIT_TIMEOUT="10", OMPI_ALLOW_RUN_AS_ROOT="0", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="0")
 
 
 def _mpirun(runs: Runs, d: Path) -> dict:
