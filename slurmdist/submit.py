@@ -323,7 +323,8 @@ def choose_cluster(cluster: str, which: Callable[[str], Optional[str]] = shutil.
     if cluster == "auto":
         return "slurm" if which("sbatch") and which("srun") else "local"
     if cluster == "slurm" and not (which("sbatch") and which("srun")):
-        raise SubmitError("cluster='slurm' but sbatch/srun are not on PATH; run on a login node, or use cluster='local'")
+        raise SubmitError("cluster='slurm' but sbatch/srun are not on PATH; run on a login node, or use "
+                          "cluster='local'")
     return cluster
 
 
@@ -461,7 +462,8 @@ def _submitting(submit: Callable[[], Any], environment: Mapping[str, str], folde
         )
     error = outcome.get("error")
     if isinstance(error, (FailedJobError, FailedSubmissionError, subprocess.CalledProcessError)):
-        raise SubmitError(f"sbatch refused the job: {str(error).strip()}") from None
+        said = str(error).strip()
+        raise SubmitError(f"sbatch refused the job: {said}{_unreachable_cluster_hint(said)}") from None
     if isinstance(error, OSError):
         raise folder_failure(error, folder) from None
     if error is not None and _raised_while_pickling(error):
@@ -471,6 +473,18 @@ def _submitting(submit: Callable[[], Any], environment: Mapping[str, str], folde
     if error is not None:
         raise error
     return outcome["job"]
+
+
+def _unreachable_cluster_hint(said: str) -> str:
+    """What to do when sbatch found no cluster to submit to, from what it said; else ''."""
+    if "configuration source" in said or "cannot stat file" in said:
+        problem = "sbatch finds no slurm.conf here"
+    elif "Unable to contact slurm controller" in said:
+        problem = "slurmctld does not answer (`scontrol ping` says why)"
+    else:
+        return ""
+    return (f"\n{problem}: submit from a login node of your cluster (where `sinfo` works, or with SLURM_CONF "
+            "naming its slurm.conf), or run the job on this machine with cluster='local' (--cluster local)")
 
 
 def _raised_while_pickling(error: BaseException) -> bool:

@@ -168,6 +168,16 @@ def test_cli_reports_sbatchs_refusal_once(cluster, tmp_path):
     assert proc.stderr.startswith("slurmdist: error: sbatch refused the job"), proc.stderr
 
 
+def test_cli_without_a_cluster_to_submit_to_says_where_to_submit_from(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}  # no SLURM_CONF: no cluster here
+    proc = subprocess.run([PYTHON, "-m", "slurmdist", "submit", "--cluster", "slurm", "--folder", str(tmp_path / "%j"),
+                           "--", "true"], env=env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 2, proc.stderr
+    assert "Could not establish a configuration source" in proc.stderr  # sbatch's own words
+    assert "sbatch finds no slurm.conf here: submit from a login node" in proc.stderr
+    assert "--cluster local" in proc.stderr
+
+
 def test_preempted_job_checkpoints_requeues_and_resumes(cluster, example, reference, tmp_path):
     from slurmdist.submit import Submitter, results
 
