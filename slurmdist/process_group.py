@@ -63,7 +63,10 @@ def init(
     """
     with _lock:
         if _live_env() is not None:
-            warnings.warn("slurmdist.init() was already called; returning the existing environment", stacklevel=2)
+            env = _state["env"]
+            warnings.warn(f"slurmdist.init() was already called; returning the existing environment (backend "
+                          f"{env.backend} on {env.device}; this call's arguments are not used: shutdown() first to "
+                          "form a group with others)", stacklevel=2)
             return _state["env"]
         environ = os.environ if environ is None else environ
         started = time.monotonic()
