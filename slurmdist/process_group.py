@@ -207,8 +207,11 @@ def _choose_loopback(env: DistEnv, environ: Mapping[str, str]) -> None:
     if "gloo" not in str(env.backend) or interfaces.user_choice(environ, os.environ) is not None:
         return
     name = interfaces.gloo_interface(None, single_node=True)
-    if name is not None:
-        _set_interface(name)
+    if name is None:  # gloo would fail inside torch with "Unable to find interface for: [127.0.0.1]"
+        raise BackendError("gloo binds a network interface even for a single process, and this host has none "
+                           "holding 127.0.0.1 (a network namespace whose loopback is down?): bring it up (`ip link "
+                           "set lo up`), or set GLOO_SOCKET_IFNAME to an interface with an address")
+    _set_interface(name)
 
 
 def _set_interface(name: str) -> None:

@@ -204,3 +204,12 @@ def test_missing_backend_fails_before_any_network_wait(backend, advice):
     assert result.returncode != 0
     assert "BackendError" in result.stderr
     assert advice in result.stderr
+
+
+def test_a_single_process_without_a_loopback_interface_is_told_so():
+    # A network namespace of its own, whose loopback is down: gloo would fail inside torch with its own words.
+    result = subprocess.run([tool("unshare"), "-n", PYTHON, "-c", "import slurmdist; slurmdist.init()"],
+                            env=clean_environ(), capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0
+    assert "BackendError: gloo binds a network interface even for a single process" in result.stderr, result.stderr
+    assert "ip link set lo up" in result.stderr
