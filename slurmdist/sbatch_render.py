@@ -66,10 +66,12 @@ class JobSpec:
 # --- validation ------------------------------------------------------------------------------------------
 
 
-def _check(option: str, value: Optional[str], pattern: "re.Pattern[str]", example: str) -> None:
+def _check(option: str, value: Optional[str], pattern: "re.Pattern[str]", example: str,
+           typed: Optional[str] = None) -> None:
+    """`typed`: how the error names the value, when the user wrote it otherwise (--signal is upper-cased)."""
     if value is not None and not pattern.fullmatch(value):
-        raise SbatchError(f"--{option} {value!r} is not allowed in an #SBATCH line: use letters, digits and "
-                          f"{example}")
+        raise SbatchError(f"{typed or f'--{option} {value!r}'} is not allowed in an #SBATCH line: use letters, "
+                          f"digits and {example}")
 
 
 def validate(spec: JobSpec) -> JobSpec:
@@ -102,9 +104,7 @@ def validate(spec: JobSpec) -> JobSpec:
     if spec.signal and spec.signal.startswith("B:"):
         raise SbatchError(f"{typed}: B: sends it to the batch shell only, which this script does "
                           "not trap: the job would die without a checkpoint. Drop the B: (every task gets it)")
-    if spec.signal and not _SIGNAL.fullmatch(spec.signal):
-        raise SbatchError(f"{typed} is not allowed in an #SBATCH line: use letters, digits and Slurm's format: "
-                          "SIGNAL[@SECONDS], e.g. USR2@120")
+    _check("signal", spec.signal or None, _SIGNAL, "Slurm's format: SIGNAL[@SECONDS], e.g. USR2@120", typed)
     if spec.signal:
         _check_signal_name(spec.signal, typed)
     if spec.signal and spec.launcher != "srun":
