@@ -146,13 +146,15 @@ class RankFilter(logging.Filter):
 
 class RankAdapter(logging.LoggerAdapter):
     """A logger whose messages start with `[rank R/W]`; with `main_only`, non-zero ranks log only at
-    `others_level` and above."""
+    `others_level` and above. Its records carry the fields a `RankFilter` adds; set `prefix_message=False`
+    when the handlers' formats show `%(rank_prefix)s` already, or every line has the prefix twice."""
 
     def __init__(self, logger: logging.Logger, main_only: bool = False,
-                 others_level: Union[int, str] = logging.WARNING):
+                 others_level: Union[int, str] = logging.WARNING, prefix_message: bool = True):
         super().__init__(logger, {})
         self.main_only = main_only
         self.others_level = level_number(others_level)
+        self.prefix_message = prefix_message
 
     def isEnabledFor(self, level: int) -> bool:
         if self.main_only and level < self.others_level and rank_and_size()[0] != 0:
@@ -169,7 +171,7 @@ class RankAdapter(logging.LoggerAdapter):
         taken = set(given) | _factory_fields()
         fields = {"rank": rank, "world_size": world_size, "rank_prefix": line_prefix}
         kwargs["extra"] = {**{k: v for k, v in fields.items() if k not in taken}, **given, "_slurmdist_prefixed": True}
-        return f"{line_prefix} {msg}", kwargs
+        return (f"{line_prefix} {msg}" if self.prefix_message else msg), kwargs
 
 
 def _factory_fields() -> FrozenSet[str]:
@@ -188,7 +190,9 @@ def _fields_of(factory: Callable[..., logging.LogRecord]) -> FrozenSet[str]:
 
 
 def rank_logger(
-    name: Optional[str] = None, *, main_only: bool = False, others_level: Union[int, str] = logging.WARNING
+    name: Optional[str] = None, *, main_only: bool = False, others_level: Union[int, str] = logging.WARNING,
+    prefix_message: bool = True,
 ) -> RankAdapter:
     """`log = slurmdist.rank_logger(__name__, main_only=True)`: rank-prefixed, quiet on non-zero ranks."""
-    return RankAdapter(logging.getLogger(name), main_only=main_only, others_level=others_level)
+    return RankAdapter(logging.getLogger(name), main_only=main_only, others_level=others_level,
+                       prefix_message=prefix_message)

@@ -186,7 +186,11 @@ def test_rank_logger_leaves_the_records_own_rank_fields_alone(as_rank):
     assert (records[0].rank, records[0].world_size, records[0].getMessage()) == ("the caller's", 4, "[rank 1/4] y")
 
 
-def test_rank_logger_records_carry_the_rank_fields_for_formats_without_a_filter(as_rank):
+@pytest.mark.parametrize("prefix_message, line", [
+    (True, "[rank 1/4]|rank=1 [rank 1/4] hello"),
+    (False, "[rank 1/4]|rank=1 hello"),  # the format shows the prefix: once, not twice
+])
+def test_rank_logger_records_carry_the_rank_fields_for_formats_without_a_filter(as_rank, prefix_message, line):
     as_rank(1)
     records = []
     logger = logging.getLogger("test_logs.fields")
@@ -194,10 +198,10 @@ def test_rank_logger_records_carry_the_rank_fields_for_formats_without_a_filter(
     handler.emit = records.append
     handler.setFormatter(logging.Formatter("%(rank_prefix)s|rank=%(rank)s %(message)s"))
     try:
-        rank_logger(logger.name).warning("hello")
+        rank_logger(logger.name, prefix_message=prefix_message).warning("hello")
     finally:
         logger.removeHandler(handler)
-    assert handler.format(records[0]) == "[rank 1/4]|rank=1 [rank 1/4] hello"
+    assert handler.format(records[0]) == line
 
 
 @pytest.fixture
