@@ -66,10 +66,10 @@ class _Subcommand(argparse.ArgumentParser):
     def parse_known_args(  # type: ignore[override]
         self, args: Optional[Sequence[str]] = None, namespace: Optional[argparse.Namespace] = None
     ) -> Tuple[argparse.Namespace, List[str]]:
-        namespace, extras = super().parse_known_args(args, namespace)
+        parsed, extras = super().parse_known_args(args, namespace)
         if extras:
             self.error(f"unrecognized arguments: {' '.join(extras)}")
-        return namespace, extras
+        return parsed, extras
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -170,9 +170,10 @@ def _gloo_interface(env: DistEnv) -> Optional[str]:
     if not interfaces.wanted(env.world_size, os.environ) or env.master_addr is None:
         return None
     single_node = env.local_world_size == env.world_size
-    master = env.master_addr  # resolved: a name that resolves, or Slurm's NodeAddr for one that does not
-    if not single_node and interfaces.ip_of(master) is None:  # a name: its first address
-        master = next(iter(addresses(master, 5.0)), None)
+    # Resolved: a name that resolves, or Slurm's NodeAddr for one that does not.
+    master: Optional[str] = env.master_addr
+    if not single_node and interfaces.ip_of(env.master_addr) is None:  # a name: its first address
+        master = next(iter(addresses(env.master_addr, 5.0)), None)
     own_name = names_this_host(env.master_addr, socket.gethostname())
     return interfaces.gloo_interface_for_command(master, single_node, own_name)
 
@@ -208,8 +209,9 @@ def _run(args: argparse.Namespace) -> int:
     child_env.update(command_variables(env))
     if args.store and store_host.wanted(env, os.environ):
         if env.rank == 0:
-            listener = store_server.listen(env.master_port, "slurmdist run on rank 0",
-                                           store_server.ipv6_clients(env.master_addr))
+            master_addr, master_port = env.master_endpoint()
+            listener = store_server.listen(master_port, "slurmdist run on rank 0",
+                                           store_server.ipv6_clients(master_addr))
             store_host.start(listener, env.world_size, init_timeout(args.timeout, os.environ))
         child_env[AGENT_STORE_VARIABLE] = "True"
         # Older torch releases read the agent's restart count next to that switch and fail without it.

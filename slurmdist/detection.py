@@ -13,6 +13,7 @@ Precedence, first match wins:
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Callable, Dict, Mapping, Optional
 
@@ -29,7 +30,7 @@ READERS: Dict[str, Reader] = {
     "torchrun": torchrun.read,
     "submitit-local": submitit_local.read,
     "slurm": slurm.read_step,
-    **{spec.launcher: (lambda environ, spec=spec: mpi.read(spec, environ)) for spec in mpi.SPECS},
+    **{spec.launcher: functools.partial(mpi.read, spec) for spec in mpi.SPECS},
     "flux": flux.read,
 }
 

@@ -53,15 +53,15 @@ class DevicePlan(NamedTuple):
     """`device` as a string torch accepts ('cpu', 'cuda:0') and the `device_ids` DDP wants (None on CPU)."""
 
     device_type: str
-    index: Optional[int]
+    ordinal: Optional[int]  # not `index`, which would hide tuple.index
 
     @property
     def device(self) -> str:
-        return self.device_type if self.index is None else f"{self.device_type}:{self.index}"
+        return self.device_type if self.ordinal is None else f"{self.device_type}:{self.ordinal}"
 
     @property
     def device_ids(self) -> Optional[Tuple[int, ...]]:
-        return None if self.index is None else (self.index,)
+        return None if self.ordinal is None else (self.ordinal,)
 
 
 def narrowed_per_task(
@@ -213,7 +213,7 @@ def bind(device_plan: DevicePlan) -> object:
     import torch
 
     if device_plan.device_type == "cuda":
-        torch.cuda.set_device(device_plan.index)
+        torch.cuda.set_device(device_plan.ordinal)
     elif device_plan.device_type == "npu":
-        torch.npu.set_device(device_plan.index)  # type: ignore[attr-defined]  # registered by torch_npu
+        torch.npu.set_device(device_plan.ordinal)  # type: ignore[attr-defined]  # registered by torch_npu
     return torch.device(device_plan.device)

@@ -66,6 +66,13 @@ class DistEnv:
     def is_distributed(self) -> bool:
         return self.world_size > 1
 
+    def master_endpoint(self) -> Tuple[str, int]:
+        """`(master_addr, master_port)` where the code needs both (after `resolve_master()` filled them)."""
+        if self.master_addr is None or self.master_port is None:
+            raise LaunchError(f"{self.launcher}: the master address and port are not resolved yet "
+                              f"({self.master_addr}:{self.master_port}): call slurmdist.resolve_master(env) first")
+        return self.master_addr, self.master_port
+
     def replace(self, **changes: Any) -> "DistEnv":
         """A copy with some fields changed (the value itself is frozen)."""
         return dataclasses.replace(self, **changes)

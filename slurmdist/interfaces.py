@@ -17,7 +17,7 @@ import ipaddress
 import logging
 import socket
 import sys
-from typing import Iterable, Iterator, List, Mapping, Optional, Tuple, Union
+from typing import Generator, Iterable, List, Mapping, Optional, Tuple, Union
 
 from .distenv import LOOPBACK
 from .errors import BackendError
@@ -109,7 +109,7 @@ def source_address(destination: str) -> Optional[str]:
         return None
 
 
-def ipv4_addresses(names: Optional[Iterable[str]] = None) -> Iterator[Tuple[str, bytes]]:
+def ipv4_addresses(names: Optional[Iterable[str]] = None) -> Generator[Tuple[str, bytes], None, None]:
     """(interface, its first IPv4 address, packed), asked of the kernel one interface at a time (of `names`,
     default all). The first address is the one gloo itself binds when given the interface name. Linux only
     (Slurm's platform)."""
@@ -127,7 +127,7 @@ def ipv4_addresses(names: Optional[Iterable[str]] = None) -> Iterator[Tuple[str,
             yield name, answer[20:24]  # sockaddr_in: family, port, then the address
 
 
-def ipv6_addresses() -> Iterator[Tuple[str, bytes]]:
+def ipv6_addresses() -> Generator[Tuple[str, bytes], None, None]:
     """(interface, IPv6 address, packed) for every IPv6 address of this host (none when IPv6 is off)."""
     try:
         with open(_INET6_TABLE, encoding="ascii") as lines:

@@ -121,7 +121,8 @@ class RankFilter(logging.Filter):
         self.prefix_message = prefix_message
         self._rank, self._world_size = rank, world_size
 
-    def filter(self, record: logging.LogRecord) -> Union[bool, logging.LogRecord]:
+    # Returning a record is allowed from Python 3.12; typeshed types the older `filter` as returning bool.
+    def filter(self, record: logging.LogRecord) -> Union[bool, logging.LogRecord]:  # type: ignore[override]
         rank, world_size = self._rank, self._world_size
         if rank is None or world_size is None:
             detected_rank, detected_size = rank_and_size()
@@ -129,8 +130,8 @@ class RankFilter(logging.Filter):
             world_size = detected_size if world_size is None else world_size
         if self.main_only and rank != 0 and record.levelno < self.others_level:
             return False
-        record.rank, record.world_size = rank, world_size
-        record.rank_prefix = prefix(rank, world_size)
+        line_prefix = prefix(rank, world_size)
+        record.rank, record.world_size, record.rank_prefix = rank, world_size, line_prefix
         if not self.prefix_message or getattr(record, "_slurmdist_prefixed", False):
             return True
         try:
@@ -139,7 +140,7 @@ class RankFilter(logging.Filter):
             return True
         if sys.version_info >= (3, 12):  # this handler's own copy: other handlers keep the message as logged
             record = copy.copy(record)
-        record.msg = f"{record.rank_prefix} {message}"
+        record.msg = f"{line_prefix} {message}"
         record._slurmdist_prefixed = True
         return record if sys.version_info >= (3, 12) else True
 

@@ -240,7 +240,7 @@ def _init_group(
     except BaseException:
         # torch numbers its groups per process, failed attempts included, and gloo meets under that number:
         # a retry must not count this attempt, or it never meets a rank on its first call.
-        if group_count is not None:
+        if world is not None and group_count is not None:
             world.group_count = group_count
         raise
     if deadline is not None:

@@ -81,7 +81,8 @@ def resolve_master(
         env = env.replace(master_addr=addr, master_port=int(port))
         if started_mpi:  # the CLI execs the training process next: mpirun counts an unfinalized exit as a crash
             sys.modules["mpi4py.MPI"].Finalize()
-    return env.replace(master_addr=resolve_host(env.master_addr, environ, deadline.at_most(LOOKUP_BOUND)))
+    master_addr, _ = env.master_endpoint()
+    return env.replace(master_addr=resolve_host(master_addr, environ, deadline.at_most(LOOKUP_BOUND)))
 
 
 # --- store ----------------------------------------------------------------------------------------------
@@ -108,8 +109,8 @@ def wait_listening(
     while True:
         for candidate in candidates:
             try:
-                endpoint = (lookup_form(candidate), port)
-                with socket.create_connection(endpoint, timeout=min(2.0, deadline.remaining())) as probe:
+                endpoint = (lookup_form(candidate), port)  # bytes work too; typeshed says str only
+                with socket.create_connection(endpoint, timeout=min(2.0, deadline.remaining())) as probe:  # type: ignore[arg-type]
                     return str(probe.getpeername()[0])
             except OSError as exc:
                 last = exc
@@ -621,12 +622,13 @@ def open_meeting(
     closes first: after `shutdown()` and a new `init()`, or a failed attempt and a retry, a fast rank can
     reach the store rank 0 is about to close (whose keys rank 0 will never write again).
     """
-    where = hostport(host, env.master_port)
+    _, port = env.master_endpoint()
+    where = hostport(host, port)
     serve = rank0_serves and env.rank == 0
     pauses = poll_pauses()
     while True:
         store, peer = open_store(
-            host, env.master_port, env.rank, env.world_size, deadline, serve=serve, candidates=candidates,
+            host, port, env.rank, env.world_size, deadline, serve=serve, candidates=candidates,
             agent_serves=not rank0_serves, master_addr=env.master_addr,
         )
         try:

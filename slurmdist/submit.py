@@ -134,9 +134,10 @@ def parse_time(value: Union[int, float, str]) -> int:
 
 def _slurm_time_minutes(text: str) -> float:
     days, dash, rest = text.rpartition("-")
-    numbers = [whole_number(p) for p in rest.split(":")]
+    parts = [whole_number(p) for p in rest.split(":")]
     day_count = whole_number(days) if dash else 0
-    if None in numbers or day_count is None or not 1 <= len(numbers) <= 3:
+    numbers = [n for n in parts if n is not None]
+    if len(numbers) < len(parts) or day_count is None or not 1 <= len(numbers) <= 3:
         raise SubmitError(f"time={text!r} is not a Slurm time: use minutes or HH:MM:SS or D-HH:MM:SS")
     if dash:  # D-HH, D-HH:MM, D-HH:MM:SS
         hours, minutes, seconds = (numbers + [0, 0])[:3]
@@ -400,12 +401,12 @@ def build_executor(resources: Resources, cluster: str, folder: Path, python: Opt
         raise SubmitError("slurmdist.submit needs submitit: pip install submitit (or \".[submit]\" in slurmdist's "
                           "checkout)") from None
     if cluster == "local":
-        executor = submitit.LocalExecutor(folder=folder, python=python)
-        executor.update_parameters(**local_parameters(resources))
-    else:
-        executor = submitit.SlurmExecutor(folder=folder, python=python)
-        executor.update_parameters(**slurm_parameters(resources))
-    return executor
+        local = submitit.LocalExecutor(folder=folder, python=python)
+        local.update_parameters(**local_parameters(resources))
+        return local
+    slurm = submitit.SlurmExecutor(folder=folder, python=python)
+    slurm.update_parameters(**slurm_parameters(resources))
+    return slurm
 
 
 _ENVIRON_LOCK = threading.Lock()  # one submission at a time changes os.environ
