@@ -139,8 +139,16 @@ def parse_backend(requested: str) -> Dict[str, str]:
                 f"cannot read {part!r} in backend {requested!r}; write DEVICE:BACKEND pairs separated by "
                 f"commas, DEVICE in {', '.join(DEVICE_TYPES)}, BACKEND in {', '.join(KNOWN_BACKENDS)}"
             )
+        if device_type in mapping:  # torch refuses it too, but only inside init_process_group
+            raise BackendError(f"backend {requested!r} names {device_type} twice; give each device type one backend")
         mapping[device_type] = name
     return mapping
+
+
+def torch_form(mapping: Mapping[str, str]) -> str:
+    """The backend string for torch: a plain name, or `cpu:gloo,cuda:nccl` without the spaces torch would
+    read as part of a device type."""
+    return mapping[""] if "" in mapping else ",".join(f"{device}:{name}" for device, name in mapping.items())
 
 
 def _missing_advice(caps: Capabilities) -> Dict[str, "tuple[bool, str]"]:
@@ -204,7 +212,7 @@ def choose(
         raise BackendError(f"backend {requested.strip()!r} names no backend for the {device_type} tensors this "
                            f"process would use{sees}, so its first collective would fail: add "
                            f"'{device_type}:gloo' to it, or {other_way}")
-    choice = BackendChoice(requested.strip().lower(), device_type)
+    choice = BackendChoice(torch_form(mapping), device_type)
     return _checked(choice, caps, environ)
 
 

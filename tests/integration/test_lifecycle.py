@@ -64,6 +64,11 @@ def test_shutdown_leaves_a_group_the_user_formed_after_destroying_ours(single):
     assert dist.is_initialized() and works()
 
 
+def test_the_per_device_form_with_spaces_forms_a_group(single):
+    env = slurmdist.init(backend="cuda:gloo, cpu:gloo", environ=single)
+    assert env.backend == "cuda:gloo,cpu:gloo" and works()
+
+
 def test_a_single_process_binds_loopback_and_gives_the_choice_back(single):
     os.environ.pop(interfaces.GLOO_INTERFACE_VARIABLE, None)
     slurmdist.init(environ=single)

@@ -44,6 +44,16 @@ def test_explicit_and_mixed_forms():
     assert parse_backend("cpu:gloo, cuda:nccl") == {"cpu": "gloo", "cuda": "nccl"}
 
 
+def test_the_mixed_form_reaches_torch_without_the_spaces_torch_reads_as_a_device_type():
+    # torch took " cuda" for a device type it does not know: a RuntimeError after the rendezvous.
+    assert choose(" CPU:Gloo , cuda:nccl ", CUDA) == BackendChoice("cpu:gloo,cuda:nccl", "cuda")
+
+
+def test_a_device_type_named_twice_is_refused_before_any_network_wait():
+    with pytest.raises(BackendError, match="names cpu twice"):
+        choose("cpu:gloo,cpu:mpi", CPU)
+
+
 @pytest.mark.parametrize(
     "backend, caps, advice",
     [
