@@ -143,9 +143,17 @@ def signal_delay_problem(delay: int, minutes: int, *, what: str, within: str, ti
             f"it starts. Set {time_name} to at least {(delay + SIGNAL_EARLY) // 60 + 1} min{shorter}")
 
 
+# The signal names Slurm's --signal option knows (sig_name2num in Slurm's sources; 22.05 refuses WINCH, PIPE
+# and the rest by name). It takes any signal by number.
+SLURM_SIGNAL_NAMES = frozenset(
+    ("HUP", "INT", "QUIT", "ABRT", "KILL", "ALRM", "TERM", "USR1", "USR2", "URG", "CONT", "STOP", "TSTP", "TTIN",
+     "TTOU", "XCPU"))
+
+
 def slurm_name(sig: signal.Signals) -> str:
-    """The name Slurm's --signal option takes: 'USR2' for SIGUSR2."""
-    return sig.name[3:]
+    """How Slurm's --signal option takes `sig`: 'USR2' for SIGUSR2, the number for a name it does not know."""
+    name = sig.name[3:]
+    return name if name in SLURM_SIGNAL_NAMES else str(int(sig))
 
 
 def under_local_executor(environ: Mapping[str, str]) -> bool:

@@ -108,6 +108,7 @@ def validate(spec: JobSpec) -> JobSpec:
     _check("signal", spec.signal or None, _SIGNAL, "Slurm's format: SIGNAL[@SECONDS], e.g. USR2@120", typed)
     if spec.signal:
         _check_signal_name(spec.signal, typed)
+        spec = replace(spec, signal=_in_slurms_spelling(spec.signal))
     if spec.signal and spec.launcher != "srun":
         raise SbatchError(f"{typed} with --launcher {spec.launcher}: {spec.launcher} does not "
                           "pass it on to the ranks and would die of it; use --launcher srun for a warning before "
@@ -137,11 +138,15 @@ def _check_signal_delay(spec: JobSpec, typed: str) -> None:
     if not spec.signal or re.fullmatch(r"[0:-]+", spec.time):  # 0, 00:00:00, 0-0: no limit, nothing to warn before
         return
     from .requeue import signal_delay_problem
-    from .submit import parse_time
+    from .submit import SubmitError, parse_time
 
     _, delay = _warning_of(spec.signal)
-    # In whole minutes, rounded up, as Slurm keeps the limit (--time=00:03:01 is a 4 min job).
-    problem = signal_delay_problem(delay, parse_time(spec.time), what=typed,
+    try:
+        minutes = parse_time(spec.time)  # in whole minutes, rounded up, as Slurm keeps the limit (00:03:01: 4)
+    except SubmitError:  # its message names Python's time=, not this option
+        raise SbatchError(f"--time {spec.time!r} is not a time limit Slurm takes: use MINUTES, HH:MM:SS or "
+                          "D-HH:MM:SS") from None
+    problem = signal_delay_problem(delay, minutes, what=typed,
                                    within=f"--time {spec.time}", time_name="--time", delay_name="the delay after @")
     if problem is not None:
         raise SbatchError(problem)
@@ -155,6 +160,16 @@ def _check_signal_name(value: str, typed: str) -> None:
         parse_signal(_warning_of(value)[0], named=typed)
     except RequeueError as exc:
         raise SbatchError(str(exc)) from None
+
+
+def _in_slurms_spelling(value: str) -> str:
+    """A validated --signal value as sbatch takes it: `SIGUSR2@90` is `USR2@90`, and a signal sbatch knows by
+    number only (`WINCH`) is its number."""
+    from .requeue import parse_signal, slurm_name
+
+    name, at, seconds = value.partition("@")
+    scope = "R:" if name.startswith("R:") else ""
+    return f"{scope}{slurm_name(parse_signal(name.removeprefix('R:')))}{at}{seconds}"
 
 
 def _warning_of(signal: str) -> Tuple[str, int]:

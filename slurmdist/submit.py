@@ -95,7 +95,8 @@ MANAGED_OPTIONS = frozenset({
 })
 _OPTION_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")  # fullmatch: '$' would also pass a trailing newline
 # sbatch takes no fractions ("1.5G"): a number is converted. re.ASCII: \d also matches other scripts' digits.
-_MEM = re.compile(r"\d+[KMGT]?B?", re.IGNORECASE | re.ASCII)
+# A unit may end in B (500MB), but a bare B is no unit sbatch knows (500B: "Invalid --mem specification").
+_MEM = re.compile(r"\d+([KMGT]B?)?", re.IGNORECASE | re.ASCII)
 
 
 class SubmitError(SlurmdistError):
@@ -154,8 +155,8 @@ def parse_mem(value: Union[int, float, str]) -> str:
     if isinstance(value, bool):
         raise SubmitError(f"mem={value!r} is not an amount of memory")
     if isinstance(value, (int, float)):
-        if value <= 0:
-            raise SubmitError(f"mem={value!r} must be positive")
+        if not math.isfinite(value) or value <= 0:  # nan and inf: no amount at all
+            raise SubmitError(f"mem={value!r} must be a positive, finite amount (GiB)")
         return f"{int(value)}G" if float(value).is_integer() else f"{math.ceil(value * 1024)}M"
     text = str(value).strip()
     if not _MEM.fullmatch(text):
@@ -243,8 +244,9 @@ def _check_sbatch_options(options: Mapping[str, Any]) -> None:
 
 
 def signal_variables(resources: Resources) -> Dict[str, str]:
-    """The variables that make the job's submitit and slurmdist agree on the requeue signal."""
-    name = slurm_name(parse_signal(resources.signal))
+    """The variables that make the job's submitit and slurmdist agree on the requeue signal, by name without
+    SIG (submitit looks `"SIG" + name` up in Python's signal module; sbatch gets `slurm_name`)."""
+    name = parse_signal(resources.signal).name.removeprefix("SIG")
     return {"SLURMDIST_REQUEUE_SIGNAL": name, "SUBMITIT_PREEMPT_SIGNAL": name}
 
 

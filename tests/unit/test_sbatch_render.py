@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import stat
 import subprocess
 from dataclasses import replace
@@ -186,6 +187,8 @@ def test_cli_refuses_with_status_2_and_no_traceback(capsys, tmp_path):
     # Slurm rounds a limit up to whole minutes: 00:02:01 is 3 min, so USR2@120 comes 60 s in, at the start.
     (["--time", "00:02:01", "--", "python", "t.py"], r"leaves no time to train within --time 00:02:01 \(3 min\)"),
     (["--time", "3-00:00:00", "--signal", "USR2@65536", "--", "python", "t.py"], "more than Slurm's --signal accepts"),
+    # Past what any limit holds: named as the option, not as submit's time=.
+    (["--time", "9" * 20, "--", "python", "t.py"], "error: --time '9{20}' is not a time limit Slurm takes"),
 ])
 def test_cli_usage_errors(capsys, args, message):
     assert cli.main(["sbatch", *args]) == 2
@@ -225,7 +228,12 @@ def test_the_warning_signal_is_spelled_as_slurm_does_and_explained_at_the_top():
     head = script.split("#SBATCH", 1)[0]
     assert "every task gets SIGUSR2 300 s before the time limit" in head and "or the signal kills it" in head
     for spelled in ("SIGUSR2@300", "12@300", "R:usr2@300"):  # not SIGSIGUSR2, nor SIG12
-        assert "every task gets SIGUSR2 300 s" in render(JobSpec(command=("python", "t.py"), time="30", signal=spelled))
+        script = render(JobSpec(command=("python", "t.py"), time="30", signal=spelled))
+        assert "every task gets SIGUSR2 300 s" in script
+        assert re.search(r"^#SBATCH --signal=(R:)?USR2@300$", script, re.MULTILINE), script
+    # sbatch refuses WINCH by name (an invalid --signal specification) and takes its number.
+    script = render(JobSpec(command=("python", "t.py"), time="30", signal="winch@300"))
+    assert f"#SBATCH --signal={int(signal.SIGWINCH)}@300\n" in script and "every task gets SIGWINCH" in script
     assert "kills it" not in render(JobSpec(command=("python", "t.py"), signal=""))
     for unlimited in ("0", "00", "0:00", "00:00:00", "0-0", "0-00:00:00"):  # Slurm's "no limit", however written
         assert f"#SBATCH --time={unlimited}\n" in render(JobSpec(command=("python", "t.py"), time=unlimited))

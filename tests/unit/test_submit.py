@@ -18,7 +18,7 @@ import pytest
 from tests.integration.cluster import require
 from slurmdist.submit import (
     FINISHED_STATES, Resources, SubmitError, Submitter, choose_cluster, local_parameters, parse_mem, parse_state,
-    parse_time, slurm_parameters,
+    parse_time, signal_variables, slurm_parameters,
 )
 
 
@@ -37,12 +37,14 @@ def test_parse_time_rejects_what_is_not_a_duration(value):
         parse_time(value)
 
 
-@pytest.mark.parametrize("value, text", [(32, "32G"), (1.5, "1536M"), ("500m", "500M"), ("64GB", "64GB")])
+@pytest.mark.parametrize("value, text", [(32, "32G"), (1.5, "1536M"), ("500m", "500M"), ("64GB", "64GB"),
+                                         ("500kb", "500KB"), ("4096", "4096")])
 def test_parse_mem(value, text):
     assert parse_mem(value) == text
 
 
-@pytest.mark.parametrize("value", [0, "lots", "32G; rm -rf /", False, "1.5G"])  # sbatch: "Invalid --mem"
+@pytest.mark.parametrize("value", [0, "lots", "32G; rm -rf /", False, "1.5G", "500B", "500b", float("nan"),
+                                   float("inf"), -float("inf")])  # sbatch: "Invalid --mem"
 def test_parse_mem_rejects_garbage(value):
     with pytest.raises(SubmitError, match="mem="):
         parse_mem(value)
@@ -76,6 +78,15 @@ def test_signal_is_configurable():
     params = slurm_parameters(Resources(signal="SIGURG", signal_delay=300))
     assert params["additional_parameters"]["signal"] == "URG@300"
     assert params["signal_delay_s"] == 300
+
+
+def test_a_signal_sbatch_knows_by_number_only_is_given_as_its_number():
+    # sbatch 22.05 refuses --signal=WINCH@120 (an invalid --signal specification) but takes 28@120; submitit
+    # in the job looks the name up in Python's signal module, so the variables keep the name.
+    resources = Resources(signal="WINCH", signal_delay=120)
+    assert slurm_parameters(resources)["additional_parameters"]["signal"] == f"{int(signal.SIGWINCH)}@120"
+    assert "export SUBMITIT_PREEMPT_SIGNAL=WINCH" in slurm_parameters(resources)["setup"]
+    assert signal_variables(resources)["SLURMDIST_REQUEUE_SIGNAL"] == "WINCH"
 
 
 @pytest.mark.parametrize("changes, message", [
