@@ -216,3 +216,16 @@ def test_the_readers_take_one_string_and_say_so(function, value, hint) -> None:
 def test_compress_rejects_non_strings() -> None:
     with pytest.raises(HostlistError, match="not a string"):
         compress(["n1", 2])  # type: ignore[list-item]
+
+
+@pytest.mark.parametrize("width", [1, 2, 3, 4, 5, 7])
+def test_the_memo_of_formatted_numbers_grows_in_place_and_pads_like_format(width, monkeypatch):
+    # Built from thousands and three-digit tails past 999, and extended (not rebuilt) as larger numbers come.
+    from slurmdist import hostlist
+
+    monkeypatch.setattr(hostlist, "_TABLES", {})
+    for high in (5, 63, 64, 999, 1000, 1023, 4100, 3000, hostlist._TABLE_LIMIT - 1):
+        table = hostlist._table(width, high)
+        assert table == [f"{i:0{width}d}" for i in range(len(table))] and len(table) > high
+    assert expand(f"n[{'0' * (width - 1)}1-{'0' * max(0, width - 4)}1500]")[998:1001] == [
+        f"n{i:0{width}d}" for i in (999, 1000, 1001)]
