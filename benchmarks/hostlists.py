@@ -15,8 +15,10 @@ from typing import Callable, Dict, List, Mapping, Optional, Tuple
 
 from . import plots
 from .context import Context
+from .machine import REPO
 from .report import TIMING_HEADER, Goal, Section, image, seconds, table, timing_rows
-from .timing import Failure, Outcome, Runner, Stats, interleave, loglog_slope, run_process, timed, timed_calls
+from .timing import (Failure, Outcome, Runner, Stats, first_call, interleave, loglog_slope, run_process, timed,
+                     timed_calls)
 
 OURS = "slurmdist"
 SCONTROL = "scontrol (process)"
@@ -57,6 +59,14 @@ def first_cases() -> Dict[str, str]:
     text, pieces = fragmented(100_000, width=7, mean=16)
     return {"compact 100k-host list": next(iter(cases().values())),
             f"100k hosts in {pieces} fragments ({len(text) // 1000} KB)": text}
+
+
+# Each Python tool's expansion as a fresh process runs it once: (imports, outside the clock; the call).
+FIRST_CALLS = {
+    OURS: ("from slurmdist.hostlist import expand", "expand(sys.argv[1])"),
+    "python-hostlist": ("import hostlist", "hostlist.expand_hostlist(sys.argv[1], allow_duplicates=True)"),
+    "submitit": ("from submitit.slurm.slurm import _parse_node_list", "_parse_node_list(sys.argv[1])"),
+}
 
 
 def expanders() -> Dict[str, Callable[[str], List[str]]]:
@@ -134,11 +144,14 @@ def run(ctx: Context) -> Section:
     with tempfile.TemporaryDirectory() as tmp:
         scontrol = Scontrol(Path(tmp))
         results = _cases(ctx, section, tools, scontrol, runs)
+        first_calls = _first_calls(ctx, section, results)
         sizes = _linearity(ctx, section, tools, scontrol)
     _first(ctx, section, tools)
     _goals(section, results, sizes)
+    section.goals.insert(1, _speedup_goal(first_calls, "on the first call in a fresh process", 1.0))
     section.add("Ratios are each tool's median over slurmdist's median in the same run (above 1: slurmdist "
-                "is faster). The Python peers keep duplicates and order as Slurm does (`allow_duplicates=True`).")
+                "is faster). The Python peers keep duplicates (`allow_duplicates=True`); with three bracket "
+                "groups or more their order is not scontrol's, which the tables say.")
     return section
 
 
@@ -158,6 +171,28 @@ def _cases(ctx: Context, section: Section, tools, scontrol: Scontrol, runs: int)
                               title="Hostlist expansion (median, lower is better)", ylabel="seconds", log=True),
           "hostlist expansion per case")
     return results
+
+
+def _first_calls(ctx: Context, section: Section, results: Dict[str, Dict[str, Outcome]]
+                 ) -> Dict[str, Dict[str, Outcome]]:
+    """Each case's first expansion in a fresh process, per Python tool that expanded it right above: the
+    usual use (a job expands its nodelist once), where nothing is memoised or compiled yet."""
+    runs = ctx.runs(7, 3)
+    section.add(f"The same cases as a job meets them, once: the first call in a fresh interpreter, the tool "
+                f"imported before the clock starts; median of {runs} processes per tool and case, interleaved. "
+                "The table above repeats each call in one process, which memos and compiled patterns speed "
+                "up (slurmdist keeps formatted numbers across calls).", "")
+    outcomes: Dict[str, Dict[str, Outcome]] = {}
+    rows: List[List[str]] = []
+    for label, text in cases().items():
+        expanded = [tool for tool, outcome in results[label].items()
+                    if isinstance(outcome, Stats) and tool.split(" (")[0] in FIRST_CALLS]
+        runners = {tool: first_call(*FIRST_CALLS[tool.split(" (")[0]], args=[text], cwd=str(REPO))
+                   for tool in expanded}
+        outcomes[label] = interleave(runners, runs)
+        rows += timing_rows(outcomes[label], OURS, label=[label])
+    section.add(*table(["case", *TIMING_HEADER], rows), "")
+    return outcomes
 
 
 def _linearity(ctx: Context, section: Section, tools, scontrol: Scontrol) -> Dict[str, Dict[int, Outcome]]:
@@ -182,6 +217,11 @@ def _linearity(ctx: Context, section: Section, tools, scontrol: Scontrol) -> Dic
                 "log(hosts) is 1 for linear, 2 for quadratic. scontrol cannot take lists longer than one "
                 "command-line argument (128 KiB).", "")
     section.add(*table(["tool", *[f"{h:,} hosts" for h in sizes], "log-log slope"], rows), "")
+    reasons = sorted({(tool, o.reason) for tool, per in by_tool.items() for o in per.values()
+                      if isinstance(o, Failure)})
+    if reasons:
+        section.add("n/a: " + "; ".join(f"{tool} {reason}" for tool, reason in reasons) + ". Its slope covers the "
+                    "sizes it took.", "")
     series = {tool: ([h for h, o in per.items() if isinstance(o, Stats)],
                      [o.median for o in per.values() if isinstance(o, Stats)]) for tool, per in by_tool.items()}
     image(section, plots.lines(ctx.img_dir / "hostlist-linearity.png", series, title="Hostlist expansion time vs size",
@@ -214,7 +254,8 @@ def _first_goal(outcome: Optional[Outcome], label: str) -> Goal:
     return Goal(claim, f"median {seconds(outcome.median)}", outcome.median < FIRST_GOAL)
 
 
-def _goals(section: Section, results: Dict[str, Dict[str, Outcome]], sizes: Dict[str, Dict[int, Outcome]]) -> None:
+def _speedup_goal(results: Dict[str, Dict[str, Outcome]], how: str, goal: float) -> Goal:
+    """Whether slurmdist is at least `goal` times faster than the fastest Python peer on every case."""
     worst: Optional[Tuple[float, str, str]] = None
     for label, outcomes in results.items():
         ours = outcomes.get(OURS)
@@ -225,14 +266,17 @@ def _goals(section: Section, results: Dict[str, Dict[str, Outcome]], sizes: Dict
         speedup = peers[fastest].median / ours.median
         if worst is None or speedup < worst[0]:
             worst = (speedup, label, fastest)
-    claim = f"at least {SPEEDUP_GOAL}x faster than the fastest Python peer on every case"
+    claim = (f"at least {goal}x faster than the fastest Python peer on every case, {how}" if goal != 1.0 else
+             f"no slower than the fastest Python peer on any case, {how}")
     if worst is None:
-        section.goals.insert(0, Goal(claim, "no peer measured", None))
-    else:
-        section.goals.insert(0, Goal(claim, f"lowest: {worst[0]:.2f}x vs {worst[2]} on {worst[1]}",
-                                     worst[0] >= SPEEDUP_GOAL))
+        return Goal(claim, "no peer measured", None)
+    return Goal(claim, f"lowest: {worst[0]:.2f}x vs {worst[2]} on {worst[1]}", worst[0] >= goal)
+
+
+def _goals(section: Section, results: Dict[str, Dict[str, Outcome]], sizes: Dict[str, Dict[int, Outcome]]) -> None:
+    section.goals.insert(0, _speedup_goal(results, "repeated in one process", SPEEDUP_GOAL))
     ours = {h: o for h, o in sizes.get(OURS, {}).items() if isinstance(o, Stats)}
-    claim = "linear in hosts (1k..1M)"
+    claim = f"linear in hosts ({_hosts(min(ours, default=0))}..{_hosts(max(ours, default=0))})"
     if len(ours) > 1:
         slope = loglog_slope(list(ours), [o.median for o in ours.values()])
         per_host = [o.median / h * 1e9 for h, o in ours.items()]
@@ -240,6 +284,11 @@ def _goals(section: Section, results: Dict[str, Dict[str, Outcome]], sizes: Dict
                                      slope <= SLOPE_LINEAR))
     else:
         section.goals.insert(1, Goal(claim, "not measured", None))
+
+
+def _hosts(count: int) -> str:
+    """1000 -> '1k', 1000000 -> '1M'."""
+    return f"{count // 1_000_000}M" if count >= 1_000_000 else f"{count // 1000}k"
 
 
 def _median(outcome: Optional[Outcome]) -> Optional[float]:

@@ -88,7 +88,9 @@ def main() -> int:
             reporter.fail()
         except RendezvousError as exc:
             times["report_missing"] = time.perf_counter() - start
-            times["report_names_them"] = f"{world - world // 8} of {world} ranks arrived" in str(exc)
+            missing = rendezvous.compress_ranks([rank for rank in range(world) if rank % 8 == 7])
+            times["report_names_them"] = (f"{world - world // 8} of {world} ranks arrived; rank(s) {missing} never "
+                                          "arrived") in str(exc)
         else:
             raise SystemExit("Rendezvous.fail() did not raise with ranks missing")
     print(json.dumps(times), flush=True)

@@ -12,6 +12,7 @@ import os
 import signal
 import statistics
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
@@ -101,6 +102,29 @@ def timed_calls(function: Callable[[], object], calls: int, setup: Optional[Call
             function()
             total += time.perf_counter() - start
         return total / calls
+
+    return run
+
+
+_FIRST_CALL = """
+import sys, time
+{setup}
+start = time.perf_counter()
+{call}
+print(time.perf_counter() - start)
+"""
+
+
+def first_call(setup: str, call: str, args: Sequence[str] = (), env: Optional[Mapping[str, str]] = None,
+               cwd: Optional[str] = None) -> Runner:
+    """A runner timing one `call` in a new interpreter, after `setup` (the imports) outside the clock: what a
+    process that asks once pays (memos empty, patterns not yet compiled), which repeated calls in one
+    process hide. `args` reach the child as sys.argv[1:]."""
+
+    def run() -> float:
+        code = _FIRST_CALL.format(setup=setup, call=call)
+        _, done = run_process([sys.executable, "-c", code, *args], env=env, timeout=120, cwd=cwd)
+        return float(done.stdout.strip().splitlines()[-1])
 
     return run
 

@@ -50,13 +50,19 @@ def test_hostlist_tables(page: str) -> None:
         assert f"| {tool} |" in page
     assert "log-log slope" in page
     assert "first()" in page
+    # Each case also as a job meets it: once, in a fresh process, with a goal row of its own.
+    assert "the first call in a fresh interpreter" in page
+    assert "| no slower than the fastest Python peer on any case, on the first call in a fresh process |" in page
 
 
 def test_startup_tables(page: str) -> None:
     assert "| import | median |" in page
-    assert "| **slurmdist** |" in page
+    # Like for like: what asking "who am I" needs, not the lazy package's bare import.
+    assert "| **slurmdist (from slurmdist import detect)** |" in page
+    assert "| `from slurmdist import init` importing no torch/mpi4py/submitit |" in page
     assert "slurmdist detect()" in page
     assert "TorchDistributedEnvironment" in page
+    assert "first call in a fresh process |" in page
 
 
 def test_goals_and_machine(page: str) -> None:
