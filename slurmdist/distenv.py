@@ -70,7 +70,8 @@ class DistEnv:
         """`(master_addr, master_port)` where the code needs both (after `resolve_master()` filled them)."""
         if self.master_addr is None or self.master_port is None:
             raise LaunchError(f"{self.launcher}: the master address and port are not resolved yet "
-                              f"({self.master_addr}:{self.master_port}): call slurmdist.resolve_master(env) first")
+                              f"({self.master_addr}:{self.master_port}): resolve them first with "
+                              "slurmdist.rendezvous.resolve_master(env) (init() does)")
         return self.master_addr, self.master_port
 
     def replace(self, **changes: Any) -> "DistEnv":

@@ -109,8 +109,9 @@ def wait_listening(
     while True:
         for candidate in candidates:
             try:
-                endpoint = (lookup_form(candidate), port)  # bytes work too; typeshed says str only
-                with socket.create_connection(endpoint, timeout=min(2.0, deadline.remaining())) as probe:  # type: ignore[arg-type]
+                # A bytes host works too (see lookup_form); typeshed says str only.
+                endpoint: Tuple[Any, int] = (lookup_form(candidate), port)
+                with socket.create_connection(endpoint, timeout=min(2.0, deadline.remaining())) as probe:
                     return str(probe.getpeername()[0])
             except OSError as exc:
                 last = exc

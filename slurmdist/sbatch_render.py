@@ -98,10 +98,10 @@ def validate(spec: JobSpec) -> JobSpec:
     _check("output", spec.output, _PATH, "_ . / % + - (%x job name, %j job id)")
     # Errors quote the value as the user wrote it.
     typed = f"--signal {spec.signal!r}" if spec.signal is not None else f"the default --signal {DEFAULT_SIGNAL}"
-    signal = spec.signal
-    if signal is None:  # srun passes it to every task; torchrun's agent and mpirun would die of it
-        signal = DEFAULT_SIGNAL if spec.launcher == "srun" else ""
-    spec = replace(spec, signal=signal.strip().upper())  # usr2@60 as Slurm's own spelling
+    warning = spec.signal
+    if warning is None:  # srun passes it to every task; torchrun's agent and mpirun would die of it
+        warning = DEFAULT_SIGNAL if spec.launcher == "srun" else ""
+    spec = replace(spec, signal=warning.strip().upper())  # usr2@60 as Slurm's own spelling
     if spec.signal and spec.signal.startswith("B:"):
         raise SbatchError(f"{typed}: B: sends it to the batch shell only, which this script does "
                           "not trap: the job would die without a checkpoint. Drop the B: (every task gets it)")

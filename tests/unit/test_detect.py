@@ -516,3 +516,12 @@ def test_a_pals_node_index_past_the_ranks_is_refused():
 def test_forcing_mpich_by_name_points_at_pmi():
     with pytest.raises(LaunchError, match=r"SLURMDIST_LAUNCHER='mpich' .*MPICH, Intel MPI and other Hydra .* are pmi"):
         detect({"SLURMDIST_LAUNCHER": "mpich", "PMI_RANK": "0", "PMI_SIZE": "1"})
+
+
+def test_master_endpoint_is_both_halves_or_says_how_to_get_them():
+    resolved = DistEnv("slurm", 1, 1, 4, 2, 0, 2, "node1", 29500, "7")
+    assert resolved.master_endpoint() == ("node1", 29500)
+    # An MPI launch across nodes leaves both to resolve_master() (over mpi4py).
+    unresolved = DistEnv("openmpi", 1, 1, 4, 2, None, None, None, None, None)
+    with pytest.raises(LaunchError, match=r"openmpi: the master address and port are not resolved yet .*resolve_master"):
+        unresolved.master_endpoint()
