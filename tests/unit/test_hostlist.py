@@ -229,3 +229,15 @@ def test_the_memo_of_formatted_numbers_grows_in_place_and_pads_like_format(width
         assert table == [f"{i:0{width}d}" for i in range(len(table))] and len(table) > high
     assert expand(f"n[{'0' * (width - 1)}1-{'0' * max(0, width - 4)}1500]")[998:1001] == [
         f"n{i:0{width}d}" for i in (999, 1000, 1001)]
+
+
+@pytest.mark.parametrize("text, one_item", [
+    ("r[01-64]n[001-128]", True), ("c[1-4]r[01-16]n[001-128]", True), ("nid[1,3-5]x", True), ("[1-2]", True),
+    ("a,b[1]", False), ("a[1]]", False), ("a[[1]]", False), ("a[1", False), (" a[1]", False), ("a[1]\tb", False),
+])
+def test_a_lone_bracketed_item_is_told_without_the_list_pattern(text, one_item):
+    from slurmdist import hostlist
+
+    assert hostlist._one_bracketed_item(text) is one_item
+    if one_item:  # and expands as the grammar would
+        assert expand(text) == expand(f"{text},")[:len(expand(text))]

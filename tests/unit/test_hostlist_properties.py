@@ -163,3 +163,15 @@ def test_a_jobs_own_nodelist_compiles_no_pattern(nodelist: str) -> None:
     hostlist._re.cache_clear()
     count(nodelist), first(nodelist)
     assert hostlist._re.cache_info().currsize == 0
+
+
+@PROFILE
+@given(st.text(st.sampled_from("ab1[]-, 0\t"), min_size=1, max_size=14))
+def test_the_single_item_shortcut_agrees_with_the_list_grammar(text):
+    # A lone bracketed item is recognised with string methods so that a first expansion does not compile the
+    # list pattern; wherever the shortcut says so, the grammar reads that text as that one item too.
+    import re
+
+    if hostlist._one_bracketed_item(text):
+        assert re.fullmatch(hostlist._GRAMMAR["list"], text)
+        assert [m.group() for m in re.finditer(hostlist._GRAMMAR["items"], text)] == [text]
