@@ -146,9 +146,9 @@ def parse_backend(requested: str) -> Dict[str, str]:
 
 
 def torch_form(mapping: Mapping[str, str]) -> str:
-    """The backend string for torch: a plain name, or `cpu:gloo,cuda:nccl` without the spaces torch would
+    """A per-device mapping as torch's backend string, `cpu:gloo,cuda:nccl`, without the spaces torch would
     read as part of a device type."""
-    return mapping[""] if "" in mapping else ",".join(f"{device}:{name}" for device, name in mapping.items())
+    return ",".join(f"{device}:{name}" for device, name in mapping.items())
 
 
 def _missing_advice(caps: Capabilities) -> Dict[str, "tuple[bool, str]"]:

@@ -279,12 +279,19 @@ def _formatted(width: int, start: int, stop: int) -> List[str]:
     numbers = [f"{i:0{width}d}" for i in range(start, min(stop, _BLOCK))]
     if stop <= _BLOCK:
         return numbers
-    if not _TAILS:
-        _TAILS.extend(f"{i:0{_BLOCK_DIGITS}d}" for i in range(_BLOCK))
+    tails = _tails()
     low, pad = max(start, _BLOCK), width - _BLOCK_DIGITS
-    chunks = [_chunk(str(block).zfill(pad), _TAILS[max(low - block * _BLOCK, 0):stop - block * _BLOCK], "")
+    chunks = [_chunk(str(block).zfill(pad), tails[max(low - block * _BLOCK, 0):stop - block * _BLOCK], "")
               for block in range(low // _BLOCK, (stop - 1) // _BLOCK + 1)]
     return numbers + ",".join(chunks).split(",")
+
+
+def _tails() -> List[str]:
+    """"000".."999", formatted once: the last three digits of every number from 1000 up (see _formatted and
+    _range_chunks)."""
+    if not _TAILS:
+        _TAILS.extend(f"{i:0{_BLOCK_DIGITS}d}" for i in range(_BLOCK))
+    return _TAILS
 
 
 def _padded(low: int, high: int, width: int) -> List[str]:
@@ -307,7 +314,7 @@ def _range_chunks(prefix: str, low: int, high: int, width: int, after: str) -> L
     if low < _BLOCK:
         chunks.append(_chunk(prefix, _numbers(low, min(high, _BLOCK - 1), width), after))
         low = _BLOCK
-    tails = _table(_BLOCK_DIGITS, _BLOCK - 1)  # "000".."999" (and a few more: always sliced)
+    tails = _tails()
     pad = width - _BLOCK_DIGITS
     for block in range(low // _BLOCK, high // _BLOCK + 1):
         start = low - block * _BLOCK if block == low // _BLOCK else 0
@@ -362,7 +369,7 @@ _SAFE_AFFIX = MAX_NAME_LENGTH - _SAFE_DIGITS
 _TABLE_LIMIT = 1 << 14
 _TABLE_WIDTH = 6
 _TABLES: Dict[int, List[str]] = {}
-_TAILS: List[str] = []  # "000".."999", the memo's own building blocks
+_TAILS: List[str] = []  # "000".."999" (see _tails)
 # Long ranges are built per block of 1000 numbers sharing their leading digits (see _range_hosts).
 _BLOCK_DIGITS = 3
 _BLOCK = 10 ** _BLOCK_DIGITS

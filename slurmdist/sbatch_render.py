@@ -107,8 +107,7 @@ def validate(spec: JobSpec) -> JobSpec:
                           "not trap: the job would die without a checkpoint. Drop the B: (every task gets it)")
     _check("signal", spec.signal or None, _SIGNAL, "Slurm's format: SIGNAL[@SECONDS], e.g. USR2@120", typed)
     if spec.signal:
-        _check_signal_name(spec.signal, typed)
-        spec = replace(spec, signal=_in_slurms_spelling(spec.signal))
+        spec = replace(spec, signal=_in_slurms_spelling(spec.signal, typed))
     if spec.signal and spec.launcher != "srun":
         raise SbatchError(f"{typed} with --launcher {spec.launcher}: {spec.launcher} does not "
                           "pass it on to the ranks and would die of it; use --launcher srun for a warning before "
@@ -152,24 +151,19 @@ def _check_signal_delay(spec: JobSpec, typed: str) -> None:
         raise SbatchError(problem)
 
 
-def _check_signal_name(value: str, typed: str) -> None:
-    """A signal the tasks can catch: the script tells the command to save and requeue when it comes."""
-    from .requeue import RequeueError, parse_signal
-
-    try:
-        parse_signal(_warning_of(value)[0], named=typed)
-    except RequeueError as exc:
-        raise SbatchError(str(exc)) from None
-
-
-def _in_slurms_spelling(value: str) -> str:
-    """A validated --signal value as sbatch takes it: `SIGUSR2@90` is `USR2@90`, and a signal sbatch knows by
-    number only (`WINCH`) is its number."""
-    from .requeue import parse_signal, slurm_name
+def _in_slurms_spelling(value: str, typed: str) -> str:
+    """A --signal value in Slurm's format, checked to name a signal the tasks can catch (the script tells the
+    command to save and requeue when it comes), spelled as sbatch takes it: `SIGUSR2@90` is `USR2@90`, and a
+    signal sbatch knows by number only (`WINCH`) is its number."""
+    from .requeue import RequeueError, parse_signal, slurm_name
 
     name, at, seconds = value.partition("@")
     scope = "R:" if name.startswith("R:") else ""
-    return f"{scope}{slurm_name(parse_signal(name.removeprefix('R:')))}{at}{seconds}"
+    try:
+        sig = parse_signal(name.removeprefix("R:"), named=typed)
+    except RequeueError as exc:
+        raise SbatchError(str(exc)) from None
+    return f"{scope}{slurm_name(sig)}{at}{seconds}"
 
 
 def _warning_of(signal: str) -> Tuple[str, int]:
