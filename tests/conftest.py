@@ -6,6 +6,7 @@ import importlib
 import os
 import re
 import shutil
+import signal
 import subprocess
 from pathlib import Path
 from types import ModuleType
@@ -16,6 +17,12 @@ import pytest
 from tests.reliability import reliability_record  # noqa: F401  (a fixture, for every test that records a case)
 
 FIXTURES = Path(__file__).parent / "fixtures"
+
+# A shell without job control starts background commands (`make test &`, `nohup make test`) with SIGINT
+# ignored, and every process the suite starts would inherit that: the tests of Ctrl-C and of the local
+# controller's SIGINT would then wait on processes that cannot hear it. The suite runs as from a terminal.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def unresolved(what: str) -> str:
