@@ -336,4 +336,7 @@ def split_device(device: Any) -> "tuple[Optional[str], Optional[int]]":
     number = whole_number(index)
     if colon and number is None:
         raise BackendError(f"device index in {text!r} is not a number (write {kind!r} or '{kind}:0')")
+    if kind == "cpu" and number:  # torch takes 'cpu:3' and runs on the one CPU device: a mistake, silently
+        raise BackendError(f"device={text!r}: torch has one CPU device, 'cpu' (or 'cpu:0'); to pin a rank to "
+                           "cores, use srun --cpus-per-task and --cpu-bind, or taskset")
     return kind, number

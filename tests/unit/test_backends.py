@@ -175,9 +175,11 @@ def test_split_device():
     assert split_device(None) == (None, None)
     assert split_device("cuda:1") == ("cuda", 1)
     assert split_device("cpu") == ("cpu", None)
+    assert split_device("cpu:0") == ("cpu", 0)
     assert split_device(1) == (None, 1)  # as torch.cuda.set_device(1): the chosen accelerator's
     for bad, message in (("tpu", "unknown device"), ("cuda:", "not a number"), (-1, "counts from 0"),
-                         ("cuda:\u00b2", "not a number"), ("cuda:" + "7" * 5000, "not a number")):
+                         ("cuda:\u00b2", "not a number"), ("cuda:" + "7" * 5000, "not a number"),
+                         ("cpu:3", "one CPU device")):
         with pytest.raises(BackendError, match=message):
             split_device(bad)
 
