@@ -7,18 +7,25 @@ must never skip silently. The pytest fixtures built on these helpers live in con
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shlex
 import shutil
 import signal
 import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Callable, Dict, Optional, Sequence, Tuple
+
+import pytest
+from filelock import FileLock
 
 from tests.conftest import missing_prerequisite
 
 REPO = Path(__file__).resolve().parents[2]
+TRAIN_PY = REPO / "examples" / "train.py"
+PYTHON = sys.executable
 LOCAL_CLUSTER = REPO / "scripts" / "local-cluster"
 # Daemons live in sbin, which is often not on a normal user's PATH.
 SBIN_DIRS = ("/usr/sbin", "/sbin", "/usr/local/sbin")
@@ -30,6 +37,8 @@ CLUSTER_TOOLS = ("munged", "slurmctld", "slurmd", "slurmstepd", "srun", "sinfo",
 START_TIMEOUT = 1500
 STOP_TIMEOUT = 300
 CLEANUP_TIMEOUT = 120  # for the script to stop what it started, once told to give up (SIGTERM)
+# The longest one worker waits for a result the other is computing (a reference training run, a launch).
+SHARED_RESULT_WAIT = 900
 
 
 def require(tool: str) -> str:
@@ -146,3 +155,33 @@ def start_cluster(directory: Path, *args: str, owner: Optional[int] = None) -> L
     return cluster
 
 
+def once_per_run(tmp_path_factory: pytest.TempPathFactory, key: str, compute: Callable[[], dict]) -> dict:
+    """`compute()` (a JSON result: a reference training run, a launch several tests compare against) done
+    once per test run, not once per pytest-xdist worker: every run of train.py costs seconds of CPU, on cores
+    the suite already keeps busy. Workers share the result through a file in the run's common temporary
+    directory; one computes it under a lock while the other waits. A failure writes nothing, so whoever
+    asks next tries again and reports its own failure. `key` names everything the result depends on."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # each worker's basetemp sits in the run's
+        root = root.parent
+    path = root / "once-per-run" / f"{key}.json"
+    path.parent.mkdir(exist_ok=True)
+    with FileLock(f"{path}.lock", timeout=SHARED_RESULT_WAIT):
+        if path.exists():
+            return json.loads(path.read_text())
+        result = compute()
+        path.write_text(json.dumps(result))
+        return result
+
+
+def train_reference(cluster: "LocalCluster", tmp_path_factory: pytest.TempPathFactory, nodes: int, tasks: int,
+                    steps: int, timeout: float) -> dict:
+    """examples/train.py's result under plain srun (`nodes` x `tasks` per node, `steps` steps): the run a
+    requeued, resumed or submitted one must match bit for bit."""
+    def run() -> dict:
+        out = tmp_path_factory.mktemp("reference") / "result.json"
+        cluster.run(["srun", f"-N{nodes}", f"--ntasks-per-node={tasks}", PYTHON, TRAIN_PY, "--steps", steps,
+                     "--out", out], timeout=timeout)
+        return json.loads(out.read_text())
+
+    return once_per_run(tmp_path_factory, f"train-{nodes}x{tasks}-{steps}-steps", run)

@@ -22,6 +22,7 @@ import pytest
 
 from slurmdist.process_group import watchdog_grace
 from tests.conftest import unresolved
+from tests.integration.cluster import REPO, TRAIN_PY, train_reference
 
 pytestmark = pytest.mark.integration
 RELIABILITY_SECTION = "Faults in real runs"
@@ -248,8 +249,6 @@ def client_env(cluster, extra: Dict[str, str]) -> Dict[str, str]:
 
 # --- preemption, SIGTERM, node loss ---------------------------------------------------------------------------
 
-REPO = WORKERS.parents[2]
-TRAIN_PY = REPO / "examples" / "train.py"
 FAULT_TRAIN = WORKERS / "fault_train.py"
 STEPS = 600
 
@@ -268,10 +267,7 @@ def text_of(path: Path) -> str:
 @pytest.fixture(scope="module")
 def uninterrupted(slurm_cluster, tmp_path_factory) -> dict:
     """train.py's result for STEPS steps on 2 nodes x 1 task, never interrupted."""
-    out = tmp_path_factory.mktemp("reference") / "result.json"
-    slurm_cluster.run(["srun", "-N2", "--ntasks-per-node=1", PYTHON, TRAIN_PY, "--steps", STEPS, "--out", out],
-                      timeout=RUN_TIMEOUT)
-    return json.loads(out.read_text())
+    return train_reference(slurm_cluster, tmp_path_factory, 2, 1, STEPS, RUN_TIMEOUT)
 
 
 def test_requeue_signal_checkpoints_requeues_and_resumes_bit_identically(slurm_cluster, tmp_path, uninterrupted,

@@ -21,7 +21,7 @@ from typing import Callable, Dict, List, Sequence
 
 import pytest
 
-from tests.integration.cluster import REPO, LocalCluster, client_environ, require, run_checked
+from tests.integration.cluster import REPO, LocalCluster, client_environ, once_per_run, require, run_checked
 
 pytestmark = pytest.mark.integration
 
@@ -50,16 +50,16 @@ def torchrun(*options: str) -> List[str]:
 
 
 class Runs:
-    """Runs each launch once and keeps its result JSON; a failed launch fails every test that needs it."""
+    """Runs each launch once per test run (the reference launches are compared against by tests on both
+    workers) and keeps its result JSON; a failed launch fails every test that needs it."""
 
-    def __init__(self, cluster: Callable[[], LocalCluster], directory: Path) -> None:
-        self.cluster, self.directory = cluster, directory
-        self.results: Dict[str, dict] = {}
+    def __init__(self, cluster: Callable[[], LocalCluster], tmp_path_factory: pytest.TempPathFactory) -> None:
+        self.cluster, self.tmp_path_factory = cluster, tmp_path_factory
+        self.directory = tmp_path_factory.mktemp("matrix")
 
     def get(self, name: str) -> dict:
-        if name not in self.results:
-            self.results[name] = LAUNCHES[name](self, self.directory / name)
-        return self.results[name]
+        key = "launch-" + re.sub(r"[^\w.-]+", "-", name)
+        return once_per_run(self.tmp_path_factory, key, lambda: LAUNCHES[name](self, self.directory / name))
 
     # --- launch helpers -----------------------------------------------------------------------------------
 
@@ -167,7 +167,7 @@ WORLD_SIZE = {"python": 1, "srun -N2 -n3": 3}
 @pytest.fixture(scope="module")
 def runs(request, tmp_path_factory) -> Runs:
     # The cluster is started on first use only, so the non-Slurm launches run without it.
-    return Runs(lambda: request.getfixturevalue("slurm_cluster"), tmp_path_factory.mktemp("matrix"))
+    return Runs(lambda: request.getfixturevalue("slurm_cluster"), tmp_path_factory)
 
 
 @pytest.mark.parametrize("launcher", LAUNCHES)

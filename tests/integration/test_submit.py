@@ -13,17 +13,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Dict, Iterator
+from typing import Callable, Dict, Iterator
 
 import pytest
 
-
-from tests.integration.cluster import REPO, LocalCluster
+from tests.integration.cluster import PYTHON, REPO, TRAIN_PY, LocalCluster, train_reference
 
 pytestmark = pytest.mark.integration
 
-TRAIN_PY = REPO / "examples" / "train.py"
-PYTHON = sys.executable
 TIMEOUT = 150  # seconds any one job may take here, requeue included
 # Training that is still under way when a signal sent after its first log line lands. Slurm's preemption
 # (scheduling the urgent job) took about 3 s here: 200 steps, 0.6 s on a fast core, finished before it came.
@@ -88,19 +85,9 @@ def example(cluster):
 
 
 @pytest.fixture(scope="module")
-def reference(cluster, tmp_path_factory) -> Dict[str, Dict]:
-    """train.py's results under plain srun, by (nodes, tasks per node, steps)."""
-    cache: Dict = {}
-
-    def run(nodes: int, tasks: int, steps: int) -> Dict:
-        if (nodes, tasks, steps) not in cache:
-            out = tmp_path_factory.mktemp("srun") / "result.json"
-            cluster.run(["srun", f"-N{nodes}", f"--ntasks-per-node={tasks}", PYTHON, TRAIN_PY, "--steps", steps,
-                         "--out", out], timeout=TIMEOUT)
-            cache[nodes, tasks, steps] = json.loads(out.read_text())
-        return cache[nodes, tasks, steps]
-
-    return run
+def reference(cluster, tmp_path_factory) -> Callable[[int, int, int], Dict]:
+    """train.py's results under plain srun, by (nodes, tasks per node, steps): once per test run."""
+    return lambda nodes, tasks, steps: train_reference(cluster, tmp_path_factory, nodes, tasks, steps, TIMEOUT)
 
 
 # --- tests ---------------------------------------------------------------------------------------------------
@@ -182,7 +169,7 @@ def test_preempted_job_checkpoints_requeues_and_resumes(cluster, example, refere
     from slurmdist.submit import Submitter, results
 
     steps = LONG_STEPS
-    submitter = Submitter(nodes=2, tasks_per_node=2, time=5, folder=tmp_path / "%j")
+    submitter = Submitter(nodes=2, tasks_per_node=1, time=5, folder=tmp_path / "%j")
     job = submitter.submit(slow_until_requeued(example, tmp_path / "ckpt.pt"))
     wait_for_line(job.paths.stdout, rf"step \d+/{steps}")  # training is under way
     cluster.run(["scancel", "--signal=USR2", job.job_id])
@@ -191,7 +178,7 @@ def test_preempted_job_checkpoints_requeues_and_resumes(cluster, example, refere
     assert outcome[0]["restarts"] == 1
     assert 0 < saved_step < steps
     # The same model as an uninterrupted run: the requeue lost and changed nothing.
-    assert {r["checksum"] for r in outcome} == {reference(2, 2, steps)["checksum"]}
+    assert {r["checksum"] for r in outcome} == {reference(2, 1, steps)["checksum"]}
     history = run_history(cluster, job.job_id)
     assert history == ["REQUEUED", "COMPLETED"]
 
@@ -266,6 +253,7 @@ def test_a_submitted_command_that_requeues_itself_ends_with_its_requeued_run(clu
     assert results(job, timeout=TIMEOUT) == [0, 0]
     assert "finished after 1 requeue(s)" in job.paths.stdout.read_text()
     history = run_history(cluster, job.job_id)
+    print("TIMELINE", cluster.run(["sacct", "-D", "-P", "-o", "JobID,State,Submit,Eligible,Start,End,Elapsed", "-j", job.job_id]).stdout)
     assert history == ["REQUEUED", "COMPLETED"]
 
 
@@ -319,10 +307,11 @@ def test_local_executor_runs_the_same_code(cluster, example, reference, tmp_path
     from slurmdist.submit import Submitter, results
 
     submitter = Submitter(nodes=1, tasks_per_node=2, time=5, folder=tmp_path / "%j", cluster="local")
-    job = submitter.submit(example.Train(["--steps", "40"], str(tmp_path / "ckpt.pt")))
+    # LONG_STEPS: the preemption tests' reference (world 2) serves here too.
+    job = submitter.submit(example.Train(["--steps", str(LONG_STEPS)], str(tmp_path / "ckpt.pt")))
     outcome = results(job, timeout=TIMEOUT)
     assert [r["launcher"] for r in outcome] == ["submitit-local"] * 2
-    assert {r["checksum"] for r in outcome} == {reference(2, 1, 40)["checksum"]}
+    assert {r["checksum"] for r in outcome} == {reference(2, 1, LONG_STEPS)["checksum"]}
 
 
 LOCAL_REQUEUEING_COMMAND = """
