@@ -12,7 +12,8 @@ TORCH ?= torch==2.13.0
 TORCH_INDEX ?=
 PYTEST_ARGS ?=
 # Test processes (pytest-xdist). Most integration tests wait on Slurm, sockets and timeouts rather than the
-# CPU: two workers take the suite from about 15 to about 12 minutes on 2 cores. 0 runs it in one process.
+# CPU: with two, the suite takes about 13 minutes on 2 cores (a third worker gains nothing there: every
+# process that imports torch costs 3 s of CPU). Reference runs are shared between workers. 0: one process.
 TEST_WORKERS ?= 2
 
 .PHONY: venv system-deps demo-deps test test-unit demo bench reliability clean stop-cluster
