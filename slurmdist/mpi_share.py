@@ -1,5 +1,6 @@
 """What an MPI launch across nodes needs to agree on a master: COMM_WORLD, with an MPI_Init that cannot hang
-past its bound, and a broadcast of rank 0's address and port polled against the rendezvous deadline.
+past its bound, and a broadcast of rank 0's address and port polled against the rendezvous deadline (with
+the host names that number the nodes, which MPI does not).
 mpi4py is imported only here, and only then."""
 
 from __future__ import annotations
@@ -7,9 +8,11 @@ from __future__ import annotations
 import importlib.util
 import os
 import signal
+import socket
 import sys
 import time
-from typing import Any, Mapping, Optional
+from collections import Counter
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from .bounds import DEFAULT_TIMEOUT, TIMEOUT_VARIABLE, Deadline, poll_pauses, readable_within
 from .distenv import DistEnv
@@ -94,26 +97,70 @@ def _import_mpi(timeout: float, message: str) -> Any:
     return MPI
 
 
-def mpi_broadcast(comm: Any, text: Optional[str], deadline: Deadline, size: int = 512) -> str:
-    """Rank 0's `text` on every rank, via a non-blocking broadcast polled against the deadline."""
-    buffer = bytearray(size)
-    if text is not None:
-        data = text.encode()
-        buffer[: len(data)] = data
-    request = comm.Ibcast(buffer, root=0)
+HOST_ENTRY_SIZE = 128  # bytes per rank in the allgather of node names: Linux host names stop at 64
+
+
+def mpi_share_master(comm: Any, env: DistEnv, master: Optional[str], deadline: Deadline) -> DistEnv:
+    """`env` with rank 0's "ADDRESS PORT" (`master`, given on rank 0 only) as master, and, where the launcher
+    numbers no nodes, `node_rank` and `num_nodes` from every rank's host name (see `number_nodes`). Both go in
+    one round: a broadcast and an allgather started together and polled against the deadline."""
+    MPI = sys.modules["mpi4py.MPI"]
+    shared = bytearray(512)
+    if master is not None:
+        data = master.encode()
+        shared[: len(data)] = data
+    mine = _padded(f"{socket.gethostname()} {env.local_world_size}", HOST_ENTRY_SIZE)
+    hosts = bytearray(HOST_ENTRY_SIZE * comm.Get_size())
+    requests = [comm.Ibcast(shared, root=0), comm.Iallgather(mine, hosts)]
     pauses = poll_pauses()
-    while not request.Test():
+    while not MPI.Request.Testall(requests):
         if deadline.expired():
             _abort_at_exit(1)
-            waiting_for = "rank 0 has not" if text is None else "the other ranks have not all"
             raise RendezvousError(
                 f"rank {comm.Get_rank()}: rank 0's address was not shared over MPI within {deadline.seconds:.0f} s "
-                f"(world size {comm.Get_size()}): {waiting_for} reached slurmdist.init() or `slurmdist run` "
-                "(crashed, stuck before it, or never calling it). This process ends the MPI job when it exits"
+                f"(world size {comm.Get_size()}): the other ranks have not all reached slurmdist.init() or "
+                "`slurmdist run` (crashed, stuck before it, or never calling it). This process ends the MPI job when "
+                "it exits"
             )
         time.sleep(next(pauses))
     _abort_at_exit(0)  # a retry the caller made after a timeout went through: finalize as usual
-    return bytes(buffer).rstrip(b"\0").decode()
+    addr, port = bytes(shared).rstrip(b"\0").decode().split()
+    env = env.replace(master_addr=addr, master_port=int(port))
+    if env.node_rank is not None:  # the launcher's own numbering (PALS) stands
+        return env
+    entries = [bytes(hosts[i:i + HOST_ENTRY_SIZE]).rstrip(b"\0").decode(errors="replace")
+               for i in range(0, len(hosts), HOST_ENTRY_SIZE)]
+    node_rank, num_nodes = number_nodes(entries, env.rank)
+    return env.replace(node_rank=node_rank, num_nodes=num_nodes)
+
+
+def number_nodes(entries: Sequence[str], rank: int) -> Tuple[Optional[int], Optional[int]]:
+    """(`rank`'s node index, node count) from every rank's "HOST LOCAL_WORLD_SIZE", by rank. Nodes are numbered
+    in the order of their lowest rank, so rank 0's node is 0, as torchrun's GROUP_RANK has it (libraries such
+    as Lightning take a launch for torchrun's only when GROUP_RANK is set too). (None, None), as before, when
+    the names contradict the launcher's counts of ranks per node (containers that share a host name, a
+    launch that fakes its node-local variables): a guess would be worse than no number."""
+    hosts: List[str] = []
+    sizes: Dict[str, str] = {}
+    for entry in entries:
+        host, _, size = entry.rpartition(" ")
+        hosts.append(host)
+        if sizes.setdefault(host, size) != size:
+            return None, None
+    counts = Counter(hosts)
+    if not all(host and str(count) == sizes[host] for host, count in counts.items()):
+        return None, None
+    order = list(counts)  # a Counter keeps first-seen order: the order of each node's lowest rank
+    return order.index(hosts[rank]), len(order)
+
+
+def _padded(text: str, size: int) -> bytearray:
+    """`text` in a zeroed buffer of `size` bytes; too long, it is left out (its node goes unnumbered)."""
+    buffer = bytearray(size)
+    data = text.encode()
+    if len(data) <= size:
+        buffer[: len(data)] = data
+    return buffer
 
 
 def _abort_at_exit(status: int) -> None:

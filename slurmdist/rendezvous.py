@@ -34,7 +34,7 @@ from .hosts import (
 )
 from .interfaces import ip_of
 from .launchers import slurm
-from .mpi_share import mpi_broadcast, mpi_comm, require_mpi_launcher
+from .mpi_share import mpi_comm, mpi_share_master, require_mpi_launcher
 
 log = logging.getLogger("slurmdist")
 
@@ -60,8 +60,9 @@ def resolve_master(
 ) -> DistEnv:
     """Fill in `master_addr`/`master_port` where `detect()` left them None, and make the address resolvable.
 
-    MPI launches across nodes learn rank 0's address and a free port over mpi4py (every rank must call
-    this; MPI is finalized again when this call initialised it). A master name that is not in DNS is replaced
+    MPI launches across nodes learn rank 0's address and a free port over mpi4py, and their node numbering
+    from the ranks' host names (every rank must call this; MPI is finalized again when this call initialised
+    it). A master name that is not in DNS is replaced
     by Slurm's NodeAddr. For the CLI, which exports the result before starting the training process.
     """
     environ = os.environ if environ is None else environ
@@ -77,8 +78,7 @@ def resolve_master(
         if env.rank == 0:
             mine = f"{env.master_addr or own_address(single_node=env.local_world_size == env.world_size)} " \
                    f"{env.master_port or free_port()}"
-        addr, port = mpi_broadcast(comm, mine, deadline).split()
-        env = env.replace(master_addr=addr, master_port=int(port))
+        env = mpi_share_master(comm, env, mine, deadline)
         if started_mpi:  # the CLI execs the training process next: mpirun counts an unfinalized exit as a crash
             sys.modules["mpi4py.MPI"].Finalize()
     master_addr, _ = env.master_endpoint()
@@ -676,10 +676,10 @@ def _mpi_store(env: DistEnv, deadline: Deadline, environ: Mapping[str, str]) -> 
         addr = env.master_addr or own_address(single_node=env.local_world_size == env.world_size)
         store, _ = open_store(addr, env.master_port or 0, 0, env.world_size, deadline, serve=True)
         mine = f"{addr} {store.port}"
-    addr, port = mpi_broadcast(comm, mine, deadline).split()
-    env = env.replace(master_addr=addr, master_port=int(port))
+    env = mpi_share_master(comm, env, mine, deadline)
+    addr, port = env.master_endpoint()
     reach: Optional[str] = addr
     if store is None:  # rank 0's address may be a name (MASTER_ADDR): resolved once, Slurm's NodeAddr included
         host, candidates = resolve_addresses(addr, environ, deadline.at_most(LOOKUP_BOUND))
-        store, reach = open_store(host, int(port), env.rank, env.world_size, deadline, candidates=candidates)
+        store, reach = open_store(host, port, env.rank, env.world_size, deadline, candidates=candidates)
     return store, env, reach

@@ -1,8 +1,8 @@
 """MPI launchers that export rank variables: Open MPI, MVAPICH2, Cray PALS, LSF jsrun and PMI (MPICH/Hydra).
 
 They differ only in the variable names, so each is one row of `RankVariables`. Only PALS exports a node index,
-so across several nodes `node_rank` and `num_nodes` stay None (MPI numbers ranks, not nodes), and the master
-address stays None until `init()` learns rank 0's over MPI itself.
+so across several nodes `node_rank` and `num_nodes` are None here (MPI numbers ranks, not nodes), as is the
+master address: `init()` learns rank 0's over MPI itself, and numbers the nodes from the ranks' host names.
 """
 
 from __future__ import annotations

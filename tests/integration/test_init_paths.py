@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from tests.integration.cluster import client_environ
+from tests.integration.cluster import client_environ, require
 from tests.integration.workers.launch import (
     ALLREDUCE, PYTHON, check_allreduce, clean_environ, finish, free_port, run, start_ranks, stderr_until, tool,
 )
@@ -222,10 +222,22 @@ def test_eval_of_env_shell_format_under_srun_exports_a_master_every_node_reaches
     assert {r["gloo_interface"] for r in found} == {"lo"}
 
 
-def test_slurmdist_run_under_mpirun_exports_a_shared_master():
-    # resolve_master() over mpi4py, then torch's own env:// start in the exec'd command.
+# mpirun on "two nodes" of one machine: each rank in a UTS namespace of its own, named after its node, with
+# Open MPI's node-local variables made to agree (2 ranks per node). Across nodes MPI gives no master and no
+# node numbers: rank 0's address is shared over mpi4py, the nodes numbered from the ranks' host names.
+TWO_FAKE_NODES = ("hostname fake-node$((OMPI_COMM_WORLD_RANK / 2)) && OMPI_COMM_WORLD_LOCAL_SIZE=2 "
+                  'OMPI_COMM_WORLD_LOCAL_RANK=$((OMPI_COMM_WORLD_RANK % 2)) exec "$@"')
+
+
+@pytest.mark.parametrize("start", ["slurmdist run", "init"])
+def test_mpirun_across_two_nodes_shares_the_master_and_numbers_the_nodes(start):
+    # `slurmdist run`: resolve_master(), then torch's own env:// start, which reads GROUP_RANK too (Lightning
+    # takes a launch for torchrun's only with it). init(): the store over mpi4py, and DistEnv.node_rank.
     env = clean_environ(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    command = [PYTHON, "-m", "slurmdist", "run", "--", PYTHON, ALLREDUCE, "plain"]
-    result = run([tool("mpirun"), "-np", "4", "--oversubscribe", *command], env)
+    command = [PYTHON, "-m", "slurmdist", "run", "--", PYTHON, ALLREDUCE, "plain"] if start == "slurmdist run" \
+        else [PYTHON, ALLREDUCE, "slurmdist"]
+    result = run([tool("mpirun"), "-np", "4", "--oversubscribe", require("unshare"), "-u", "sh", "-c", TWO_FAKE_NODES,
+                  "sh", *command], env)
     assert result.returncode == 0, result.stdout + result.stderr
-    check_allreduce(result.stdout, 4, launcher="plain")
+    found = check_allreduce(result.stdout, 4, launcher="plain" if start == "slurmdist run" else "openmpi")
+    assert [r["node"] for r in sorted(found, key=lambda r: r["rank"])] == [[0, 2], [0, 2], [1, 2], [1, 2]]

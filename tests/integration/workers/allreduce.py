@@ -34,12 +34,14 @@ def init_with_retries(backend: str) -> slurmdist.DistEnv:
 def main() -> int:
     mode = sys.argv[1] if len(sys.argv) > 1 else "slurmdist"
     started, wall_start = time.monotonic(), time.time()
-    if mode == "plain":
+    if mode == "plain":  # the node numbering as torchrun's variables carry it (`slurmdist run` sets them)
         dist.init_process_group("gloo")
         rank, world, launcher = dist.get_rank(), dist.get_world_size(), "plain"
+        nodes = [os.environ.get("GROUP_RANK"), os.environ.get("GROUP_WORLD_SIZE")]
     else:
         env = init_with_retries(sys.argv[2] if len(sys.argv) > 2 else "auto")
         rank, world, launcher = env.rank, env.world_size, env.launcher
+        nodes = [env.node_rank, env.num_nodes]
     tensor = torch.tensor([float(rank + 1)])
     dist.all_reduce(tensor)
     elapsed = time.monotonic() - started
@@ -53,6 +55,7 @@ def main() -> int:
         "start": wall_start,
         "end": wall_start + elapsed,
         "host": os.uname().nodename,
+        "node": [None if n is None else int(n) for n in nodes],  # [node rank, number of nodes]
         "gloo_interface": os.environ.get("GLOO_SOCKET_IFNAME"),
     }
     if mode != "plain" and os.environ.get("ALLREDUCE_TWICE") == "1":
