@@ -105,10 +105,7 @@ def mpi_share_master(comm: Any, env: DistEnv, master: Optional[str], deadline: D
     numbers no nodes, `node_rank` and `num_nodes` from every rank's host name (see `number_nodes`). Both go in
     one round: a broadcast and an allgather started together and polled against the deadline."""
     MPI = sys.modules["mpi4py.MPI"]
-    shared = bytearray(512)
-    if master is not None:
-        data = master.encode()
-        shared[: len(data)] = data
+    shared = _padded(master or "", 512)  # a host name (at most 253 bytes), a space and a port
     mine = _padded(f"{socket.gethostname()} {env.local_world_size}", HOST_ENTRY_SIZE)
     hosts = bytearray(HOST_ENTRY_SIZE * comm.Get_size())
     requests = [comm.Ibcast(shared, root=0), comm.Iallgather(mine, hosts)]
@@ -137,9 +134,9 @@ def mpi_share_master(comm: Any, env: DistEnv, master: Optional[str], deadline: D
 def number_nodes(entries: Sequence[str], rank: int) -> Tuple[Optional[int], Optional[int]]:
     """(`rank`'s node index, node count) from every rank's "HOST LOCAL_WORLD_SIZE", by rank. Nodes are numbered
     in the order of their lowest rank, so rank 0's node is 0, as torchrun's GROUP_RANK has it (libraries such
-    as Lightning take a launch for torchrun's only when GROUP_RANK is set too). (None, None), as before, when
-    the names contradict the launcher's counts of ranks per node (containers that share a host name, a
-    launch that fakes its node-local variables): a guess would be worse than no number."""
+    as Lightning take a launch for torchrun's only when GROUP_RANK is set too). (None, None) when the names
+    contradict the launcher's counts of ranks per node (containers that share a host name, a launch that
+    fakes its node-local variables): a guess would be worse than no number."""
     hosts: List[str] = []
     sizes: Dict[str, str] = {}
     for entry in entries:
@@ -155,7 +152,8 @@ def number_nodes(entries: Sequence[str], rank: int) -> Tuple[Optional[int], Opti
 
 
 def _padded(text: str, size: int) -> bytearray:
-    """`text` in a zeroed buffer of `size` bytes; too long, it is left out (its node goes unnumbered)."""
+    """`text` in a zeroed buffer of `size` bytes, as MPI's fixed-size collectives need; text too long is left
+    out (a host name: its node goes unnumbered)."""
     buffer = bytearray(size)
     data = text.encode()
     if len(data) <= size:
