@@ -31,8 +31,8 @@ class DistEnv:
     """The topology of one process, as a launcher described it.
 
     `node_rank` and `num_nodes` are None only where the launcher gives no way to know them (MPI launchers
-    across several nodes, until `init()` numbers the nodes from the ranks' host names); `master_addr`/
-    `master_port` are None where they are resolved at `init()` time.
+    across several nodes, until `init()` shares the master over mpi4py and numbers the nodes from the ranks'
+    host names); `master_addr`/`master_port` are None where they are resolved at `init()` time.
     `device`, `device_ids` and `backend` are filled in by `slurmdist.init()`.
     """
 

@@ -24,7 +24,7 @@ MPI_KILL_GRACE = 5.0  # seconds between the SIGTERM and the SIGKILL for a rank s
 
 def mpi_comm(env: DistEnv, environ: Mapping[str, str], timeout: float = DEFAULT_TIMEOUT) -> Any:
     """COMM_WORLD, importing mpi4py only now. Open MPI's ofi transport costs ~1 s of MPI_Init and we only
-    broadcast a few bytes, so it is left out unless the user chose transports (`OMPI_MCA_btl`).
+    exchange a few hundred bytes per rank, so it is left out unless the user chose transports (`OMPI_MCA_btl`).
 
     Importing mpi4py.MPI runs MPI_Init, which waits for every rank to call it, bounded by `timeout` (see
     `_import_mpi`)."""
@@ -98,11 +98,14 @@ def _import_mpi(timeout: float, message: str) -> Any:
 
 
 HOST_ENTRY_SIZE = 128  # bytes per rank in the allgather of node names: Linux host names stop at 64
+# Collectives given up on at a timeout, with their buffers: MPI may still write into them when the late ranks
+# come (a caller may retry), so they must outlive the frame that raised, whose locals the error handling clears.
+_ABANDONED: List[Any] = []
 
 
 def mpi_share_master(comm: Any, env: DistEnv, master: Optional[str], deadline: Deadline) -> DistEnv:
-    """`env` with rank 0's "ADDRESS PORT" (`master`, given on rank 0 only) as master, and, where the launcher
-    numbers no nodes, `node_rank` and `num_nodes` from every rank's host name (see `number_nodes`). Both go in
+    """`env` with rank 0's "ADDRESS PORT" (`master`, given on rank 0 only) as master, and the node numbers
+    the launcher left out taken from every rank's host name (`number_nodes`, `with_node_numbers`). Both go in
     one round: a broadcast and an allgather started together and polled against the deadline."""
     MPI = sys.modules["mpi4py.MPI"]
     shared = _padded(master or "", 512)  # a host name (at most 253 bytes), a space and a port
@@ -113,6 +116,7 @@ def mpi_share_master(comm: Any, env: DistEnv, master: Optional[str], deadline: D
     while not MPI.Request.Testall(requests):
         if deadline.expired():
             _abort_at_exit(1)
+            _ABANDONED.append((requests, shared, mine, hosts))
             raise RendezvousError(
                 f"rank {comm.Get_rank()}: rank 0's address was not shared over MPI within {deadline.seconds:.0f} s "
                 f"(world size {comm.Get_size()}): the other ranks have not all reached slurmdist.init() or "
@@ -122,13 +126,20 @@ def mpi_share_master(comm: Any, env: DistEnv, master: Optional[str], deadline: D
         time.sleep(next(pauses))
     _abort_at_exit(0)  # a retry the caller made after a timeout went through: finalize as usual
     addr, port = bytes(shared).rstrip(b"\0").decode().split()
-    env = env.replace(master_addr=addr, master_port=int(port))
-    if env.node_rank is not None:  # the launcher's own numbering (PALS) stands
-        return env
     entries = [bytes(hosts[i:i + HOST_ENTRY_SIZE]).rstrip(b"\0").decode(errors="replace")
                for i in range(0, len(hosts), HOST_ENTRY_SIZE)]
-    node_rank, num_nodes = number_nodes(entries, env.rank)
-    return env.replace(node_rank=node_rank, num_nodes=num_nodes)
+    return with_node_numbers(env.replace(master_addr=addr, master_port=int(port)), *number_nodes(entries, env.rank))
+
+
+def with_node_numbers(env: DistEnv, node_rank: Optional[int], num_nodes: Optional[int]) -> DistEnv:
+    """`env` with the numbers the host names gave filled in where the launcher left them None (PALS numbers
+    its nodes but does not count them, Flux counts them but cannot always number them). What the launcher
+    said stands: numbers that disagree with it, like names that contradict themselves, change nothing."""
+    if node_rank is None or num_nodes is None or env.num_nodes not in (None, num_nodes):
+        return env
+    if env.node_rank is not None and env.node_rank >= num_nodes:
+        return env
+    return env.replace(node_rank=node_rank if env.node_rank is None else env.node_rank, num_nodes=num_nodes)
 
 
 def number_nodes(entries: Sequence[str], rank: int) -> Tuple[Optional[int], Optional[int]]:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import time
 
 import pytest
 
+from tests.conftest import missing_prerequisite
 from tests.integration.cluster import client_environ, require
 from tests.integration.workers.launch import (
     ALLREDUCE, PYTHON, check_allreduce, clean_environ, finish, free_port, run, start_ranks, stderr_until, tool,
@@ -231,8 +233,10 @@ TWO_FAKE_NODES = ("hostname fake-node$((OMPI_COMM_WORLD_RANK / 2)) && OMPI_COMM_
 
 @pytest.mark.parametrize("start", ["slurmdist run", "init"])
 def test_mpirun_across_two_nodes_shares_the_master_and_numbers_the_nodes(start):
-    # `slurmdist run`: resolve_master(), then torch's own env:// start, which reads GROUP_RANK too (Lightning
-    # takes a launch for torchrun's only with it). init(): the store over mpi4py, and DistEnv.node_rank.
+    # `slurmdist run`: resolve_master(), then torch's own env:// start; the worker reports GROUP_RANK, which
+    # Lightning needs to take a launch for torchrun's. init(): the store over mpi4py, and DistEnv.node_rank.
+    if os.geteuid() != 0:
+        missing_prerequisite("naming each rank's host (unshare -u) needs root")
     env = clean_environ(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     command = [PYTHON, "-m", "slurmdist", "run", "--", PYTHON, ALLREDUCE, "plain"] if start == "slurmdist run" \
         else [PYTHON, ALLREDUCE, "slurmdist"]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from slurmdist.mpi_share import HOST_ENTRY_SIZE, _padded, number_nodes
+from slurmdist.mpi_share import HOST_ENTRY_SIZE, _padded, number_nodes, with_node_numbers
 
 
 def entries(*hosts: str, per_node: int = 2) -> list:
@@ -32,3 +32,17 @@ def test_names_that_contradict_the_launchers_counts_number_nothing():
 def test_a_name_too_long_for_its_slot_is_left_out_not_cut():
     assert bytes(_padded("n" * 10 + " 2", HOST_ENTRY_SIZE)).rstrip(b"\0") == b"nnnnnnnnnn 2"
     assert not any(_padded("n" * HOST_ENTRY_SIZE + " 2", HOST_ENTRY_SIZE))
+
+
+def test_host_names_fill_in_only_what_the_launcher_left_out():
+    from slurmdist.distenv import DistEnv
+
+    def env(node_rank, num_nodes):
+        return DistEnv("openmpi", 2, 0, 4, 2, node_rank, num_nodes, "10.0.0.1", 29500, None)
+
+    assert with_node_numbers(env(None, None), 1, 2) == env(1, 2)  # Open MPI: neither
+    assert with_node_numbers(env(1, None), 1, 2) == env(1, 2)  # PALS numbers its nodes, does not count them
+    assert with_node_numbers(env(None, 2), 1, 2) == env(1, 2)  # Flux counts them
+    assert with_node_numbers(env(None, 2), None, None) == env(None, 2)  # contradicting names: Flux's count stays
+    assert with_node_numbers(env(None, 3), 1, 2) == env(None, 3)  # disagreeing with the launcher: no guess
+    assert with_node_numbers(env(3, None), 1, 2) == env(3, None)
