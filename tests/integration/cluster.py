@@ -37,8 +37,9 @@ CLUSTER_TOOLS = ("munged", "slurmctld", "slurmd", "slurmstepd", "srun", "sinfo",
 START_TIMEOUT = 1500
 STOP_TIMEOUT = 300
 CLEANUP_TIMEOUT = 120  # for the script to stop what it started, once told to give up (SIGTERM)
-# The longest one worker waits for a result the other is computing (a reference training run, a launch).
-SHARED_RESULT_WAIT = 900
+# The longest one worker waits for a result the other is computing (a reference training run, a launch), which
+# may include starting that worker's cluster.
+SHARED_RESULT_WAIT = START_TIMEOUT + 600
 
 
 def require(tool: str) -> str:

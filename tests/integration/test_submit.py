@@ -253,7 +253,6 @@ def test_a_submitted_command_that_requeues_itself_ends_with_its_requeued_run(clu
     assert results(job, timeout=TIMEOUT) == [0, 0]
     assert "finished after 1 requeue(s)" in job.paths.stdout.read_text()
     history = run_history(cluster, job.job_id)
-    print("TIMELINE", cluster.run(["sacct", "-D", "-P", "-o", "JobID,State,Submit,Eligible,Start,End,Elapsed", "-j", job.job_id]).stdout)
     assert history == ["REQUEUED", "COMPLETED"]
 
 
