@@ -125,9 +125,8 @@ def mpi_share_master(comm: Any, env: DistEnv, master: Optional[str], deadline: D
             )
         time.sleep(next(pauses))
     _abort_at_exit(0)  # a retry the caller made after a timeout went through: finalize as usual
-    addr, port = bytes(shared).rstrip(b"\0").decode().split()
-    entries = [bytes(hosts[i:i + HOST_ENTRY_SIZE]).rstrip(b"\0").decode(errors="replace")
-               for i in range(0, len(hosts), HOST_ENTRY_SIZE)]
+    addr, port = _unpadded(shared).split()
+    entries = [_unpadded(hosts[i:i + HOST_ENTRY_SIZE]) for i in range(0, len(hosts), HOST_ENTRY_SIZE)]
     return with_node_numbers(env.replace(master_addr=addr, master_port=int(port)), *number_nodes(entries, env.rank))
 
 
@@ -170,6 +169,11 @@ def _padded(text: str, size: int) -> bytearray:
     if len(data) <= size:
         buffer[: len(data)] = data
     return buffer
+
+
+def _unpadded(buffer: bytearray) -> str:
+    """The text `_padded` put in `buffer`: the master, or one rank's host entry."""
+    return bytes(buffer).rstrip(b"\0").decode(errors="replace")
 
 
 def _abort_at_exit(status: int) -> None:

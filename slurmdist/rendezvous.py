@@ -62,8 +62,8 @@ def resolve_master(
 
     MPI launches across nodes learn rank 0's address and a free port over mpi4py, and their node numbering
     from the ranks' host names (every rank must call this; MPI is finalized again when this call initialised
-    it). A master name that is not in DNS is replaced
-    by Slurm's NodeAddr. For the CLI, which exports the result before starting the training process.
+    it). A master name that is not in DNS is replaced by Slurm's NodeAddr. For the CLI, which exports the
+    result before starting the training process.
     """
     environ = os.environ if environ is None else environ
     deadline = Deadline(init_timeout(timeout, environ))
