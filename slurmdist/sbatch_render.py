@@ -157,20 +157,26 @@ def _in_slurms_spelling(value: str, typed: str) -> str:
     signal sbatch knows by number only (`WINCH`) is its number."""
     from .requeue import RequeueError, parse_signal, slurm_name
 
-    name, at, seconds = value.partition("@")
-    scope = "R:" if name.startswith("R:") else ""
+    scope, name, delay = _signal_parts(value)
     try:
-        sig = parse_signal(name.removeprefix("R:"), named=typed)
+        sig = parse_signal(name, named=typed)
     except RequeueError as exc:
         raise SbatchError(str(exc)) from None
-    return f"{scope}{slurm_name(sig)}{at}{seconds}"
+    return f"{scope}{slurm_name(sig)}{delay}"
 
 
 def _warning_of(signal: str) -> Tuple[str, int]:
     """A validated --signal value as (signal name, seconds before the limit): 'R:USR2@120' -> ('USR2', 120);
     Slurm's default delay when it gives none."""
-    name, at, seconds = signal.partition("@")
-    return name.removeprefix("R:"), int(seconds) if at else SLURM_DEFAULT_SIGNAL_DELAY
+    _, name, delay = _signal_parts(signal)
+    return name, int(delay[1:]) if delay else SLURM_DEFAULT_SIGNAL_DELAY
+
+
+def _signal_parts(value: str) -> Tuple[str, str, str]:
+    """A --signal value in Slurm's format split as written: 'R:USR2@120' -> ('R:', 'USR2', '@120')."""
+    name, at, seconds = value.partition("@")
+    scope = "R:" if name.startswith("R:") else ""
+    return scope, name[len(scope):], at + seconds
 
 
 def _signal_called(name: str) -> str:
