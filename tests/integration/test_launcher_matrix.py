@@ -5,7 +5,7 @@ PyPI MPI wheels, comparing what the runs computed.
 - one process reaches the loss of four (a fixed global batch split across ranks) within 1e-4;
 - a batch script that runs python on 4 tasks without srun fails fast, naming srun, even with a long timeout.
 
-Each launch runs once per test run (shared by the xdist workers) and is shared by the comparisons. Small model, few steps.
+Each launch runs once per test run, and both xdist workers' comparisons share it. Small model, few steps.
 """
 
 from __future__ import annotations
