@@ -13,7 +13,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Dict, List, Optional
@@ -22,14 +21,13 @@ import pytest
 
 from slurmdist.process_group import watchdog_grace
 from tests.conftest import unresolved
-from tests.integration.cluster import REPO, TRAIN_PY, train_reference
+from tests.integration.cluster import PYTHON, REPO, TRAIN_PY, train_reference
 
 pytestmark = pytest.mark.integration
 RELIABILITY_SECTION = "Faults in real runs"
 
 WORKERS = Path(__file__).resolve().parent / "workers"
 FAULT_WORKER = WORKERS / "fault_worker.py"
-PYTHON = sys.executable
 INIT_TIMEOUT = 6.0
 COLLECTIVE_TIMEOUT = 6.0
 # Torch imports alone take seconds per process on a busy 2-core machine: the margin absorbs that, the bound

@@ -10,18 +10,18 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 import time
 from pathlib import Path
 from typing import List
 
 import pytest
 
+from tests.integration.cluster import PYTHON
+
 
 pytestmark = pytest.mark.integration
 RELIABILITY_SECTION = "Bad input: shell injection through job names, commands and arguments"
 
-PYTHON = sys.executable
 TIMEOUT = 120
 # Prints its argv as JSON into the file named by its first argument (appending: one line per task).
 ECHO_ARGV = "import json, sys; open(sys.argv[1], 'a').write(json.dumps(sys.argv[2:]) + '\\n')"

@@ -14,20 +14,18 @@ import json
 import os
 import re
 import shlex
-import sys
 import time
 from pathlib import Path
 from typing import Callable, Dict, List, Sequence
 
 import pytest
 
-from tests.integration.cluster import REPO, LocalCluster, client_environ, once_per_run, require, run_checked
+from tests.integration.cluster import PYTHON, REPO, LocalCluster, client_environ, once_per_run, require, run_checked
 
 pytestmark = pytest.mark.integration
 
 STEPS = "12"
 TRAIN = REPO / "examples" / "train.py"
-PYTHON = sys.executable
 LAUNCH_TIMEOUT = 150  # seconds for one launch, cluster queueing included; init has its own 120 s bound
 COMMON_ENV = {
     "OMP_NUM_THREADS": "1",

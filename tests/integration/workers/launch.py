@@ -9,16 +9,15 @@ import select
 import shutil
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 from tests.conftest import missing_prerequisite
+from tests.integration.cluster import PYTHON
 
 WORKERS = Path(__file__).resolve().parent
 ALLREDUCE = WORKERS / "allreduce.py"
-PYTHON = sys.executable
 RUN_TIMEOUT = 120  # seconds: a bound on a hang, not a timing assertion
 LAUNCHER_PREFIXES = ("SLURM_", "OMPI_", "PMI_", "PMIX_", "TORCHELASTIC_", "SLURMDIST_", "MASTER_")
 LAUNCHER_NAMES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE")
