@@ -45,8 +45,9 @@ def watchdog_grace(world_size: int) -> float:
 _lock = threading.RLock()
 # `group`: the default process group init() formed or adopted, to tell it from one formed after the user
 # destroyed it (`dist.destroy_process_group()`, the usual last line of a torch script).
+# `next_base`: the keys the next group meets under, which rank 0 marks on the store it stops serving.
 _state: dict = {"env": None, "store": None, "generation": 0, "atexit": False, "owned": False, "interface": None,
-                "group": None}
+                "group": None, "next_base": None}
 
 
 def init(
@@ -88,6 +89,7 @@ def init(
         # The next group (after shutdown()) meets under keys of its own. A retry after a failure keeps the
         # number: the store counts failed attempts, so a rank that missed the failed one still meets the retry.
         _state["generation"] += 1
+        _state["next_base"] = rendezvous.run_prefix(env, environ, _state["generation"])
         _state["env"] = env
         _state["group"] = _default_group()
         if not _state["atexit"]:
@@ -272,9 +274,9 @@ def shutdown() -> None:
 
         if _state["owned"] and dist.is_initialized() and _default_group() is _state["group"]:
             dist.destroy_process_group()
+        _stop_serving(env)
         _state["store"] = _state["group"] = None
         _forget_interface()
-        _stop_serving(env)
 
 
 def _default_group() -> Any:
@@ -313,9 +315,12 @@ def _stop_serving(env: DistEnv) -> None:
     """Once the group is gone: stop listening on the store's port if this process served it (rank 0, no
     agent), so the next `init()` can serve there even while something still holds the old group (a DDP model,
     a `new_group()` handle), and with it the store. See `store_server.stop_listening`, which knows the socket
-    it served and leaves any other alone."""
-    if env.master_port is not None:
-        store_server.stop_listening(env.master_port)
+    it served and leaves any other alone. Then tell the ranks that joined the old store meanwhile to join
+    again (`rendezvous.announce_closing`)."""
+    if env.master_port is None or not store_server.stop_listening(env.master_port):
+        return
+    if _state["store"] is not None and _state["next_base"] is not None:
+        rendezvous.announce_closing(_state["store"], _state["next_base"])
 
 
 def _release_frames(exc: BaseException, keep: Optional[BaseException]) -> None:

@@ -214,12 +214,16 @@ def _join_store(
 def rank0_keys(store: Any, base: str, deadline: Deadline) -> Optional[Keys]:
     """The keys of the store rank 0 serves, once rank 0 is there: it writes the state under `base` first thing,
     and only it creates that key on its own store. None for a store on its way out: one that closed before rank
-    0 came (its previous group's, after `shutdown()`), or one whose attempt failed (rank 0 serves a fresh store
+    0 came (its previous group's, after `shutdown()`), one rank 0 said it left (`announce_closing`), or one whose
+    attempt failed (rank 0 serves a fresh store
     for each attempt, and closes this one once the others have read the verdict). A timeout gives attempt 0's
     keys, so the rendezvous goes on to report that rank 0 never arrived."""
     keys = None
     try:
-        keys = _keys_of(store.get(state_key(base)).decode(), base)
+        state = store.get(state_key(base)).decode()
+        if state == STORE_CLOSING:  # rank 0 has left this store for a new one: see `announce_closing`
+            return None
+        keys = _keys_of(state, base)
         if keys.attempt > 0:  # rank 0 never checks in to a later attempt here: this waits for the close
             store.wait([keys.arrived(0)], timedelta(seconds=deadline.remaining()))
         return keys
@@ -229,6 +233,23 @@ def rank0_keys(store: Any, base: str, deadline: Deadline) -> Optional[Keys]:
         if _store_closed(exc):
             return None
         raise
+
+
+# What rank 0 writes, on a store it stops serving, under the state key of the group it forms next.
+STORE_CLOSING = "closing"
+CLOSING_BOUND = 5.0  # seconds for that write to rank 0's own store, which answers at once unless frozen
+
+
+def announce_closing(store: Any, next_base: str) -> None:
+    """Tell the ranks that joined this store (rank 0's, which it stops serving) to join again: a rank that came
+    back from `shutdown()` first reached it while it still listened and waits there for rank 0 (`rank0_keys`).
+    A store that closes tells them so itself, but one that something still holds (a DDP model, a `new_group()`
+    handle keeps the old group) stays open, and they would wait there for the whole timeout."""
+    try:
+        store.set_timeout(timedelta(seconds=CLOSING_BOUND))
+        store.set(state_key(next_base), STORE_CLOSING)
+    except RuntimeError as exc:  # the store is gone already: whoever joined it has seen it close
+        log.debug("slurmdist: could not mark the old store as closing: %s", _first_line(exc))
 
 
 def _is_timeout(exc: BaseException) -> bool:

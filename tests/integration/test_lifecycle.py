@@ -78,10 +78,12 @@ def test_a_single_process_binds_loopback_and_gives_the_choice_back(single):
 
 
 REINIT_WITH_THE_OLD_GROUP_HELD = """
-import sys, torch, torch.distributed as dist, slurmdist
+import sys, time, torch, torch.distributed as dist, slurmdist
 from torch.nn.parallel import DistributedDataParallel as DDP
 env = slurmdist.init()
 held = DDP(torch.nn.Linear(2, 1)) if sys.argv[1] == "ddp" else dist.new_group([0, 1])  # keeps the old group
+if env.rank == 0:  # rank 1 comes back first, while the old store still listens
+    time.sleep(2)
 slurmdist.shutdown()
 env = slurmdist.init()
 tensor = torch.ones(1)
@@ -93,7 +95,8 @@ print("second group", env.rank, int(tensor.item()), flush=True)
 @pytest.mark.parametrize("holder", ["ddp", "new_group"])
 def test_a_second_group_forms_while_something_still_holds_the_first(holder):
     # A model (or a group handle) outliving shutdown() keeps the first group, and rank 0's store with it: its
-    # port stayed taken, so rank 0's second init() could not serve and the others timed out.
+    # port stayed taken, so rank 0's second init() could not serve and the others timed out. And a rank that
+    # comes back first joins that old store, which stays open: rank 0 must tell it to join again.
     port = free_port()
     procs = [subprocess.Popen([PYTHON, "-c", REINIT_WITH_THE_OLD_GROUP_HELD, holder], text=True,
                               env=rank_environ(rank, 2, port, SLURMDIST_INIT_TIMEOUT="30"),

@@ -19,8 +19,8 @@ from slurmdist.bounds import Deadline, init_timeout
 from slurmdist.hosts import addresses, hostfile_master, hostport, names_this_host, resolve_host, strip_brackets
 from slurmdist.mpi_share import mpi_comm
 from slurmdist.rendezvous import (
-    Keys, compress_ranks, connect, current_keys, open_store, rank0_keys, resolve_master, run_prefix, state_key,
-    store_stopped_answering, wait_listening,
+    STORE_CLOSING, Keys, announce_closing, compress_ranks, connect, current_keys, open_store, rank0_keys,
+    resolve_master, run_prefix, state_key, store_stopped_answering, wait_listening,
 )
 from tests.conftest import load_case, missing_prerequisite, unresolved
 
@@ -553,6 +553,26 @@ def test_a_rank_joining_a_store_whose_attempt_failed_waits_for_it_to_close_then_
     del served
     reader.join(20)
     assert answer == [None]
+
+
+def test_a_rank_waiting_at_a_store_that_stays_open_joins_again_when_rank_0_announces_it_left():
+    # Something still holds rank 0's old group (a DDP model), so its store never closes: only the mark tells
+    # a rank that came back from shutdown() first, and joined it, that rank 0 serves the next group elsewhere.
+    import torch.distributed as dist
+
+    port = free_port()
+    served = dist.TCPStore("127.0.0.1", port, None, True, timedelta(seconds=30), wait_for_workers=False)
+    joined = dist.TCPStore("127.0.0.1", port, None, False, timedelta(seconds=30))
+    answer = []
+    reader = threading.Thread(target=lambda: answer.append(rank0_keys(joined, "job/1", Deadline(30))))
+    reader.start()
+    time.sleep(0.3)
+    assert reader.is_alive()  # waiting for rank 0's state under the next group's keys
+    started = time.monotonic()
+    announce_closing(served, "job/1")
+    reader.join(20)
+    assert answer == [None] and time.monotonic() - started < 5
+    assert served.get("job/1/state") == STORE_CLOSING.encode()  # the store itself still serves
 
 
 def test_a_rank_0_that_never_writes_its_state_leaves_attempt_0_to_report_it_missing(agent_store):
