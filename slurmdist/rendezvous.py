@@ -215,9 +215,9 @@ def rank0_keys(store: Any, base: str, deadline: Deadline) -> Optional[Keys]:
     """The keys of the store rank 0 serves, once rank 0 is there: it writes the state under `base` first thing,
     and only it creates that key on its own store. None for a store on its way out: one that closed before rank
     0 came (its previous group's, after `shutdown()`), one rank 0 said it left (`announce_closing`), or one whose
-    attempt failed (rank 0 serves a fresh store
-    for each attempt, and closes this one once the others have read the verdict). A timeout gives attempt 0's
-    keys, so the rendezvous goes on to report that rank 0 never arrived."""
+    attempt failed (rank 0 serves a fresh store for each attempt, and closes this one once the others have read
+    the verdict). A timeout gives attempt 0's keys, so the rendezvous goes on to report that rank 0 never
+    arrived."""
     keys = None
     try:
         state = store.get(state_key(base)).decode()
@@ -244,12 +244,17 @@ def announce_closing(store: Any, next_base: str) -> None:
     """Tell the ranks that joined this store (rank 0's, which it stops serving) to join again: a rank that came
     back from `shutdown()` first reached it while it still listened and waits there for rank 0 (`rank0_keys`).
     A store that closes tells them so itself, but one that something still holds (a DDP model, a `new_group()`
-    handle keeps the old group) stays open, and they would wait there for the whole timeout."""
+    handle keeps the old group) stays open, and they would wait there for the whole timeout. The store's own
+    timeout is given back afterwards: the group still held waits on this store under it."""
+    previous = getattr(store, "timeout", None)  # a property on recent torch only
     try:
         store.set_timeout(timedelta(seconds=CLOSING_BOUND))
         store.set(state_key(next_base), STORE_CLOSING)
     except RuntimeError as exc:  # the store is gone already: whoever joined it has seen it close
         log.debug("slurmdist: could not mark the old store as closing: %s", _first_line(exc))
+    finally:
+        if previous is not None:
+            store.set_timeout(previous)
 
 
 def _is_timeout(exc: BaseException) -> bool:

@@ -572,7 +572,8 @@ def test_a_rank_waiting_at_a_store_that_stays_open_joins_again_when_rank_0_annou
     announce_closing(served, "job/1")
     reader.join(20)
     assert answer == [None] and time.monotonic() - started < 5
-    assert served.get("job/1/state") == STORE_CLOSING.encode()  # the store itself still serves
+    assert served.get(state_key("job/1")) == STORE_CLOSING.encode()  # the store itself still serves
+    assert served.timeout == timedelta(seconds=30)  # the old group's waits keep their own bound
 
 
 def test_a_rank_0_that_never_writes_its_state_leaves_attempt_0_to_report_it_missing(agent_store):
