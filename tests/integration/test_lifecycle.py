@@ -12,7 +12,7 @@ import warnings
 import pytest
 
 import slurmdist
-from slurmdist import interfaces
+from slurmdist import gloo_workers, interfaces
 from tests.conftest import require_module
 from tests.integration.workers.launch import PYTHON, clean_environ, finish, free_port, rank_environ
 
@@ -75,6 +75,20 @@ def test_a_single_process_binds_loopback_and_gives_the_choice_back(single):
     assert os.environ[interfaces.GLOO_INTERFACE_VARIABLE] == interfaces.gloo_interface(None, single_node=True)
     slurmdist.shutdown()
     assert interfaces.GLOO_INTERFACE_VARIABLE not in os.environ
+
+
+def test_the_gloo_workers_a_ddp_model_keeps_are_found_and_seen_asleep(single):
+    # A DDP model keeps its group, and the group's worker threads, alive past destroy_process_group(). The exit
+    # handler waits for them: it must find them under torch's name for them, and tell when they are idle.
+    slurmdist.init(environ=single)
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 1))
+    assert works()
+    assert gloo_workers.workers()
+    del model
+    slurmdist.shutdown()
+    assert gloo_workers.wait_until_idle(bound=30.0)  # False if it could not tell them asleep (30 s: a bound)
+    # Asleep, waiting for work that will not come (or gone, on a torch whose DDP lets the group go)
+    assert all(state == "S" for state, _ in gloo_workers.workers().values())
 
 
 REINIT_WITH_THE_OLD_GROUP_HELD = """
