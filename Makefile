@@ -12,7 +12,7 @@ TORCH ?= torch==2.13.0
 TORCH_INDEX ?=
 PYTEST_ARGS ?=
 # Test processes (pytest-xdist). Integration tests wait on Slurm, sockets and timeouts, and one worker's wait
-# is the other's CPU: with two, the suite takes 13-15 minutes on 2 cores. A third gains nothing there (each
+# is the other's CPU: with two, the suite takes 8-15 minutes on 2 cores. A third gains nothing there (each
 # process that imports torch costs 3 s of CPU). Reference runs are shared between workers. 0: one process.
 TEST_WORKERS ?= 2
 
