@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Dict, Optional, Tuple
+from typing import Dict, Tuple
+
+from .procfs import read, stat_fields
 
 TASK_DIR = "/proc/self/task"
 WORKER_NAME = "pt_gloo_runloop"  # torch's name for a gloo group's worker threads (Linux keeps 15 bytes)
@@ -29,20 +31,6 @@ BOUND = 2.0  # a worker still busy after this (a collective of another group) is
 Snapshot = Dict[str, Tuple[str, str]]
 
 
-def state_of(stat: str) -> str:
-    """The state letter of a /proc/.../stat line ('R' running, 'S' asleep, ...). The thread's name comes
-    before it in parentheses and may hold spaces or ')': read after the last one."""
-    return stat.rsplit(")", 1)[1].split()[0]
-
-
-def _read(path: str) -> Optional[str]:
-    try:
-        with open(path) as stream:
-            return stream.read()
-    except OSError:  # the thread ended meanwhile, or no /proc
-        return None
-
-
 def workers(tasks: str = TASK_DIR) -> Snapshot:
     """The gloo worker threads of this process, each with its state and run counters."""
     try:
@@ -51,11 +39,11 @@ def workers(tasks: str = TASK_DIR) -> Snapshot:
         return {}
     found: Snapshot = {}
     for tid in tids:
-        if (_read(f"{tasks}/{tid}/comm") or "").strip() != WORKER_NAME:
+        if (read(f"{tasks}/{tid}/comm") or "").strip() != WORKER_NAME:
             continue
-        stat = _read(f"{tasks}/{tid}/stat")
-        if stat is not None:
-            found[tid] = (state_of(stat), _read(f"{tasks}/{tid}/schedstat") or "")
+        fields = stat_fields(read(f"{tasks}/{tid}/stat") or "")
+        if fields:
+            found[tid] = (fields[0], read(f"{tasks}/{tid}/schedstat") or "")
     return found
 
 

@@ -23,7 +23,7 @@ from typing import Any, Iterator, List, Mapping, Optional
 # hostlist: detect() reads a Slurm nodelist with it. Loaded with the rest of init()'s modules (when
 # `slurmdist.init` is first looked up), not inside init(), where each rank's half millisecond of loading
 # would hold up the whole group on busy cores.
-from . import backends, bounds, devices, gloo_workers, hostlist, hosts, interfaces, rendezvous, store_server  # noqa: F401
+from . import backends, bounds, devices, hostlist, hosts, interfaces, rendezvous, store_server  # noqa: F401
 from .detection import detect, is_own_srun_task
 from .distenv import DistEnv
 from .errors import BackendError, SlurmdistError
@@ -345,7 +345,10 @@ def _shutdown_at_exit() -> None:
     except Exception as exc:  # at exit there is nobody left to raise to
         log.debug("slurmdist shutdown at exit failed: %s", exc)
     # Whoever destroyed the group: a gloo worker thread still finishing its last collective when Python ends
-    # aborts the process (see gloo_workers). Nothing to wait for when no group kept its threads.
+    # aborts the process (see gloo_workers). Nothing to wait for when no group kept its threads. Loaded here,
+    # not with init()'s modules: only the exit needs it.
+    from . import gloo_workers
+
     if not gloo_workers.wait_until_idle():
         log.debug("slurmdist: gloo's worker threads were still busy %.0f s into the exit", gloo_workers.BOUND)
 

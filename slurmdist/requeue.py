@@ -44,7 +44,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, List, Mapping, Optional, Union
 
-from . import commands
+from . import commands, procfs
 from .envvars import whole_number
 from .errors import SlurmdistError
 
@@ -369,11 +369,8 @@ class LocalRestarts:
 
 def _process_start(pid: str) -> str:
     """When process `pid` started (clock ticks since boot, from /proc), or '' when that cannot be read."""
-    try:
-        with open(f"/proc/{pid.strip()}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return ""
+    fields = procfs.stat_fields(procfs.read(f"/proc/{pid.strip()}/stat") or "")
+    return fields[19] if len(fields) > 19 else ""
 
 
 def _restart_local_job() -> None:

@@ -7,7 +7,8 @@ import threading
 import time
 from pathlib import Path
 
-from slurmdist.gloo_workers import WORKER_NAME, idle, state_of, wait_until_idle, workers
+from slurmdist.gloo_workers import WORKER_NAME, idle, wait_until_idle, workers
+from slurmdist.procfs import stat_fields
 
 # A real stat line's head (pid, name in parentheses, state, ...), with a name that holds ") " itself.
 STAT = "4242 ({name}) {state} 1 4242 4242 0 -1 4194368 0 0 0 0 3 1 0 0 20 0 6 0\n"
@@ -22,8 +23,9 @@ def thread(tasks: Path, tid: int, name: str = WORKER_NAME, state: str = "S", ran
 
 
 def test_the_state_is_read_after_the_name_whatever_the_name_holds():
-    assert state_of(STAT.format(name="odd) R (name", state="S")) == "S"
-    assert state_of(STAT.format(name=WORKER_NAME, state="R")) == "R"
+    assert stat_fields(STAT.format(name="odd) R (name", state="S"))[0] == "S"
+    assert stat_fields(STAT.format(name=WORKER_NAME, state="R"))[0] == "R"
+    assert stat_fields("no name in parentheses") == []  # read as no thread, not as a state
 
 
 def test_only_gloo_workers_are_found_with_their_state_and_run_counters(tmp_path):

@@ -1,0 +1,22 @@
+"""Linux's /proc, read without raising: a file's text, and the fields of a process's or thread's stat line."""
+
+from __future__ import annotations
+
+from typing import List, Optional
+
+
+def read(path: str) -> Optional[str]:
+    """The file's text, or None (the process or thread ended meanwhile, or there is no /proc)."""
+    try:
+        with open(path) as stream:
+            return stream.read()
+    except OSError:
+        return None
+
+
+def stat_fields(stat: str) -> List[str]:
+    """The fields of a /proc/PID/stat (or .../task/TID/stat) line after the command name: [0] is the state
+    letter ('R' running, 'S' asleep, ...), [19] the start time. The name comes in parentheses and may hold
+    spaces and ')', so the fields start after the last one. Empty for a line without it."""
+    _, paren, fields = stat.rpartition(")")
+    return fields.split() if paren else []
