@@ -94,8 +94,9 @@ def build_parser() -> argparse.ArgumentParser:
         "from the start, as torchrun's agent does (TORCHELASTIC_USE_AGENT_STORE=True tells the command).",
     )
     run.add_argument("--timeout", type=float, default=None,
-                     help="seconds for the agreement on the master over MPI, and for the store host to start "
-                     "serving (default SLURMDIST_INIT_TIMEOUT, else 300)")
+                     help="seconds for the agreement on the master over MPI, for the store host to start "
+                     "serving, and for the other ranks to find it listening (default SLURMDIST_INIT_TIMEOUT, "
+                     "else 300)")
     run.add_argument("--no-store", dest="store", action="store_false",
                      help="do not host the rendezvous store on rank 0 (by default a small process serves it, as "
                      "torchrun's agent does, so that no rank waits in torch's connect back-off)")
@@ -193,9 +194,9 @@ def command_variables(env: DistEnv) -> Dict[str, str]:
 
 def _run(args: argparse.Namespace) -> int:
     from . import store_host, store_server
-    from .bounds import init_timeout
+    from .bounds import Deadline, init_timeout
     from .detection import detect
-    from .rendezvous import AGENT_STORE_VARIABLE, RESTART_COUNT_VARIABLE, resolve_master
+    from .rendezvous import AGENT_STORE_VARIABLE, RESTART_COUNT_VARIABLE, resolve_master, wait_listening
 
     command = command_words(args.command, "slurmdist run", "slurmdist run -- python train.py ARGS...")
     if args.timeout is not None:
@@ -208,11 +209,16 @@ def _run(args: argparse.Namespace) -> int:
     env = resolve_master(detect(), timeout=args.timeout)
     child_env.update(command_variables(env))
     if args.store and store_host.wanted(env, os.environ):
+        master_addr, master_port = env.master_endpoint()
+        seconds = init_timeout(args.timeout, os.environ)
         if env.rank == 0:
-            master_addr, master_port = env.master_endpoint()
             listener = store_server.listen(master_port, "slurmdist run on rank 0",
                                            store_server.ipv6_clients(master_addr))
-            store_host.start(listener, env.world_size, init_timeout(args.timeout, os.environ))
+            store_host.start(listener, env.world_size, seconds)
+        else:
+            # Rank 0's `slurmdist run` listens within milliseconds of starting. Waiting for it here keeps the
+            # bound: the command's torch client would wait for an absent rank 0 for its own timeout (30 min).
+            wait_listening(master_addr, master_port, Deadline(seconds), env.world_size)
         child_env[AGENT_STORE_VARIABLE] = "True"
         # Older torch releases read the agent's restart count next to that switch and fail without it.
         child_env.setdefault(RESTART_COUNT_VARIABLE, "0")

@@ -80,13 +80,26 @@ def test_rank_0_serves_a_store_that_outlives_signals_and_ends_with_the_command()
     assert wait_closed(port), f"the store host still listens on {port} after the command exited"
 
 
-def test_other_ranks_only_join():
-    port = free_port()
-    result = slurmdist_run(rank_environ(1, 2, port), PYTHON, "-c", "import os; print(os.environ.get("
-                           "'TORCHELASTIC_USE_AGENT_STORE'), os.getpid())")
+def test_other_ranks_only_join_once_rank_0_listens():
+    with socket.create_server(("127.0.0.1", 0)) as rank_0:  # stands in for rank 0's store host
+        port = rank_0.getsockname()[1]
+        code = ("import os, socket; s = socket.socket(); "
+                f"print(os.environ.get('TORCHELASTIC_USE_AGENT_STORE'), s.connect_ex(('127.0.0.1', {port})))")
+        result = slurmdist_run(rank_environ(1, 2, port), PYTHON, "-c", code)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.split()[0] == "True"
-    assert not listening(port)
+    agent, connect_error = result.stdout.split()
+    assert agent == "True" and connect_error == "0"  # the listener it connects to is rank 0's, not its own
+
+
+def test_other_ranks_give_up_when_rank_0_never_listens():
+    port = free_port()
+    started = time.monotonic()
+    result = slurmdist_run(rank_environ(1, 2, port, SLURMDIST_INIT_TIMEOUT="3"), PYTHON, "-c", "print('must not run')")
+    waited = time.monotonic() - started
+    assert result.returncode == 2, result.stderr
+    assert f"nothing listens at the rendezvous store 127.0.0.1:{port} after 3 s" in result.stderr
+    assert "Traceback" not in result.stderr and "must not run" not in result.stdout
+    assert 3 <= waited < 30  # it waited for the bound, and not for torch's 30 minutes
 
 
 @pytest.mark.parametrize("options, environ", [
