@@ -8,7 +8,7 @@ import os
 import shlex
 import signal
 import sys
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import IO, Callable, Dict, List, Optional, Sequence, Tuple
 
 from .argv import command_words
 from .bounds import positive_seconds
@@ -21,16 +21,22 @@ Handler = Callable[[argparse.Namespace], int]
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
-    if not getattr(args, "handler", None):
-        parser.print_usage(sys.stderr)
-        print(f"{parser.prog}: error: a command is required", file=sys.stderr)
-        return 2
-    if sys.stdout is None and args.handler is not _run:  # started with `>&-`: print() would drop every line
-        print(f"{parser.prog}: error: standard output is closed, so there is nowhere to write the result; "
-              "redirect it (to a file, or /dev/null to discard it)", file=sys.stderr)
-        return 1
     try:
+        try:
+            args = parser.parse_args(argv)
+        except SystemExit as done:
+            if done.code:  # a usage error, already on stderr
+                raise
+            # --help and --version: argparse ignores a failed write, so their text must be flushed here.
+            _require_stdout()
+            sys.stdout.flush()
+            return 0
+        if not getattr(args, "handler", None):
+            parser.print_usage(sys.stderr)
+            print(f"{parser.prog}: error: a command is required", file=sys.stderr)
+            return 2
+        if args.handler is not _run:
+            _require_stdout()
         status = args.handler(args)
         sys.stdout.flush()  # here, where a failed write is reported below, not at exit as a traceback
         return status
@@ -44,11 +50,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 128 + signal.SIGPIPE  # what a shell reports for a writer that SIGPIPE ended
     except OSError as error:  # `> /dev/full`, a file system gone read-only: as coreutils report a failed write
         print(f"slurmdist: error: {error}", file=sys.stderr)
-        try:
-            sys.stdout.flush()
-        except OSError:
-            _silence_stdout()
+        if sys.stdout is not None:
+            try:
+                sys.stdout.flush()
+            except OSError:
+                _silence_stdout()
         return 1
+
+
+def _require_stdout() -> None:
+    """Started with `>&-`, print() would drop every line: fail (status 1) instead of printing nothing."""
+    if sys.stdout is None:
+        raise OSError("standard output is closed, so there is nowhere to write the result; redirect it (to a "
+                      "file, or /dev/null to discard it)")
 
 
 def _silence_stdout() -> None:
@@ -58,7 +72,20 @@ def _silence_stdout() -> None:
     os.close(devnull)
 
 
-class _Subcommand(argparse.ArgumentParser):
+class _Parser(argparse.ArgumentParser):
+    """Reports a failed write of --help or --version (`> /dev/full`, `>&-`) as every other output's, where
+    argparse ignores it and exits 0 having printed nothing."""
+
+    def _print_message(self, message: str, file: Optional[IO[str]] = None) -> None:
+        if file is None and sys.stdout is None:  # print_help() and --version were given the closed stdout
+            _require_stdout()
+        if message and file is not None and file is sys.stdout:
+            file.write(message)
+            return
+        super()._print_message(message, file)
+
+
+class _Subcommand(_Parser):
     """A subcommand's parser reports options it does not know itself, with its own usage: argparse would
     leave them to the top-level parser, whose usage (`slurmdist [-h] [--version] COMMAND ...`) does not
     show the options the user got wrong."""
@@ -73,7 +100,7 @@ class _Subcommand(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="slurmdist",
         description="Start torch.distributed correctly under Slurm, MPI, torchrun and submitit.",
     )

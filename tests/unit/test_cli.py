@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import socket
 import subprocess
 import sys
+from typing import Iterator
 
 import pytest
 
@@ -27,6 +30,14 @@ def clean_environ(**extra: str) -> dict:
 def slurmdist(*args: str, environ: dict, timeout: float = 30) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "slurmdist", *args], env=environ, capture_output=True,
                           text=True, timeout=timeout)
+
+
+@contextlib.contextmanager
+def rank_0_listening(task: dict) -> Iterator[None]:
+    """What rank 0's `slurmdist run` does for a non-zero rank of `task`: listen on the master port (on every
+    IPv4 address, loopback ones included), before which that rank does not start its command."""
+    with socket.create_server(("", detect(task).master_port)):
+        yield
 
 
 def placement_from_slurm(task: dict) -> dict:
@@ -109,7 +120,8 @@ def test_run_execs_the_command_with_torchruns_variables():
     task = {**load_case("slurm/srun_N2_tpn2")[3], "MASTER_ADDR": "localhost"}
     probe = "import os, json; print(json.dumps({k: os.environ[k] for k in ('RANK', 'LOCAL_RANK', 'WORLD_SIZE', " \
             "'LOCAL_WORLD_SIZE', 'MASTER_ADDR', 'MASTER_PORT', 'TORCHELASTIC_USE_AGENT_STORE')}))"
-    result = slurmdist("run", "--", sys.executable, "-c", probe, environ=clean_environ(**task))
+    with rank_0_listening(task):
+        result = slurmdist("run", "--", sys.executable, "-c", probe, environ=clean_environ(**task))
     assert result.returncode == 0, result.stderr
     seen = json.loads(result.stdout)
     env = detect(task)
@@ -128,7 +140,8 @@ def test_run_points_gloo_at_the_interface_towards_the_master(extra, interface):
     task = {**load_case("slurm/srun_N2_tpn2")[3], **extra}
     probe = "import os; print(os.environ.get('GLOO_SOCKET_IFNAME'))"
     environ = {k: v for k, v in clean_environ(**task).items() if k != "GLOO_SOCKET_IFNAME" or k in extra}
-    result = slurmdist("run", "--", sys.executable, "-c", probe, environ=environ)
+    with rank_0_listening(task):
+        result = slurmdist("run", "--", sys.executable, "-c", probe, environ=environ)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == str(default_route_device() if interface == "default route" else interface)
 
@@ -187,7 +200,8 @@ def test_a_reader_that_stops_early_ends_the_command_without_a_traceback():
     assert err == b"" and proc.returncode == 141
 
 
-@pytest.mark.parametrize("args", [("hostlist", "expand", "n[1-3]"), ("env", "--format", "json")])
+@pytest.mark.parametrize("args", [("hostlist", "expand", "n[1-3]"), ("env", "--format", "json"), ("--version",),
+                                  ("--help",), ("env", "--help"), ("submit", "--help")])
 def test_a_failed_write_is_one_line_of_error_not_a_traceback(args):
     with open("/dev/full", "w") as full:
         proc = subprocess.run([sys.executable, "-m", "slurmdist", *args], stdout=full, stderr=subprocess.PIPE,
@@ -196,7 +210,7 @@ def test_a_failed_write_is_one_line_of_error_not_a_traceback(args):
 
 
 @pytest.mark.parametrize("args", [("hostlist", "expand", "n[1-3]"), ("env", "--format", "json"),
-                                  ("sbatch", "--", "true")])
+                                  ("sbatch", "--", "true"), ("--version",), ("run", "--help")])
 def test_a_closed_stdout_is_one_line_of_error_before_any_work(args):
     # `slurmdist ... >&-`: Python then has no sys.stdout at all.
     proc = subprocess.run([sys.executable, "-m", "slurmdist", *args], stdout=None, stderr=subprocess.PIPE,
