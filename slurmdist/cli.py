@@ -8,7 +8,7 @@ import os
 import shlex
 import signal
 import sys
-from typing import IO, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from .argv import command_words
 from .bounds import positive_seconds
@@ -76,7 +76,7 @@ class _Parser(argparse.ArgumentParser):
     """Reports a failed write of --help or --version (`> /dev/full`, `>&-`) as every other output's, where
     argparse ignores it and exits 0 having printed nothing."""
 
-    def _print_message(self, message: str, file: Optional[IO[str]] = None) -> None:
+    def _print_message(self, message: str, file: Any = None) -> None:
         if file is None and sys.stdout is None:  # print_help() and --version were given the closed stdout
             _require_stdout()
         if message and file is not None and file is sys.stdout:
