@@ -53,14 +53,22 @@ HOSTFILE_VARIABLE = "SLURM_HOSTFILE"
 
 def step_id(environ: Mapping[str, str]) -> Optional[str]:
     """The srun step id, or None outside a task step (batch script, salloc shell, extern step). An empty
-    variable says nothing: the other spelling may still."""
+    variable defers to the other spelling; both empty is an error."""
     value = _step_value(environ)
     return None if value is None or value in NON_TASK_STEPS else value
 
 
 def _step_value(environ: Mapping[str, str]) -> Optional[str]:
-    """The first step id variable that says something (stripped), task step or not; None when none does."""
-    return next((value for value in (environ.get(name, "").strip() for name in STEP_ID_VARIABLES) if value), None)
+    """The first step id variable that says something (stripped), task step or not; None when none is set.
+    Set but blank, with no other spelling to say more, is an error: Slurm never sets it so, and read as
+    "no step" it would call an srun task the batch script."""
+    values = [(name, environ[name]) for name in STEP_ID_VARIABLES if name in environ]
+    said = next((value.strip() for _, value in values if value.strip()), None)
+    if said is None and values:
+        name, value = values[0]
+        raise LaunchError(f"srun: {name}={quoted(value)} is empty: Slurm sets it to the step's id (a number, or "
+                          f"'batch' in the batch script). {STEP_VARIABLES_ADVICE}", name, value)
+    return said
 
 
 def _require_number(environ: Mapping[str, str], names: Tuple[str, ...], what: str) -> None:

@@ -226,7 +226,7 @@ def test_torchrun_inside_a_submitit_local_task_describes_its_own_workers():
         assert (env.launcher, env.rank, env.world_size) == ("torchrun", int(worker["RANK"]), 4)
 
 
-@pytest.mark.parametrize("step", ["interactive", "4294967290", "extern", "4294967292", "pending", ""])
+@pytest.mark.parametrize("step", ["interactive", "4294967290", "extern", "4294967292", "pending"])
 def test_a_shell_in_a_non_task_step_is_not_an_srun_task(step, caplog):
     # salloc with LaunchParameters=use_interactive_step runs its shell in the "interactive" step: a python
     # started there is one process outside srun, as in a plain salloc shell, and hears the same warning.
@@ -477,6 +477,23 @@ def test_a_multi_task_batch_script_fails_fast_whatever_id_its_step_has(step_id):
     (batch,) = load_case("slurm/sbatch_N2_tpn2_batchstep")
     with pytest.raises(LaunchError, match="srun"):
         detect({**batch, "SLURM_STEP_ID": step_id})
+
+
+@pytest.mark.parametrize("case, index", [("slurm/srun_N2_tpn2", 1), ("slurm/sbatch_N2_tpn2_batchstep", 0)])
+@pytest.mark.parametrize("blank", ["", "  "])
+def test_a_blank_step_id_is_an_error_not_the_batch_script(case, index, blank):
+    # Read as "no step", an srun task with a blanked SLURM_STEP_ID was told it is the batch script.
+    environ = {**load_case(case)[index], "SLURM_STEP_ID": blank}
+    environ.pop("SLURM_STEPID", None)
+    with pytest.raises(LaunchError, match=r"SLURM_STEP_ID='\s*' is empty.*Unset those, or start the process with srun") \
+            as raised:
+        detect(environ)
+    assert (raised.value.variable, raised.value.value) == ("SLURM_STEP_ID", blank)
+
+
+def test_a_blank_step_id_defers_to_the_other_spelling():
+    task = load_case("slurm/srun_N2_tpn2")[1]
+    assert detect({**task, "SLURM_STEP_ID": "", "SLURM_STEPID": task["SLURM_STEP_ID"]}) == detect(task)
 
 
 @pytest.mark.parametrize("step_id", ["4294967292", "4294967295"])  # the extern step since and before 20.11
