@@ -16,6 +16,10 @@ MAX_COUNT = 2**31 - 1
 # '1(x2147483646)' literally would allocate 16 GiB. (The largest machines have tens of thousands of nodes.)
 MAX_NODES = 2**20
 
+# What to do about a count that does not parse or is out of range.
+FIX_ADVICE = ("Fix or unset it (launchers set it per process: a bad value usually comes from a hand-written export "
+              "or an outer job).")
+
 JOB_ID_VARIABLES = ("SLURM_JOB_ID", "SLURM_JOBID", "FLUX_JOB_ID", "LSB_JOBID", "PBS_JOBID", "PALS_APID")
 
 
@@ -41,17 +45,12 @@ def parse_count(name: str, raw: str, *, minimum: int = 0) -> int:
             problem = "is negative"
         else:
             problem = "is not a whole number"
-        raise LaunchError(
-            f"{name}={quoted(raw)} {problem}; expected an integer >= {minimum}. Fix or unset it (launchers set it "
-            "per process: a bad value usually comes from a hand-written export or an outer job).",
-            name,
-            raw,
-        )
+        raise LaunchError(f"{name}={quoted(raw)} {problem}; expected an integer >= {minimum}. {FIX_ADVICE}", name, raw)
     value = whole_number(text)
     if value is None or value > MAX_COUNT:
         raise LaunchError(f"{name}={quoted(raw)} is too large (over {MAX_COUNT}); the variable is corrupt", name, raw)
     if value < minimum:
-        raise LaunchError(f"{name}={quoted(raw)} must be at least {minimum}", name, raw)
+        raise LaunchError(f"{name}={quoted(raw)} must be at least {minimum}. {FIX_ADVICE}", name, raw)
     return value
 
 
@@ -135,8 +134,8 @@ MAX_PORT = 65535
 
 def explicit_master(environ: Mapping[str, str]) -> Tuple[Optional[str], Optional[int]]:
     """MASTER_ADDR and MASTER_PORT when set: whatever the launcher, what the user exported wins."""
-    port = read_count(environ, "MASTER_PORT", minimum=1)
-    if port is not None and port > MAX_PORT:
+    port = read_count(environ, "MASTER_PORT")
+    if port is not None and not 1 <= port <= MAX_PORT:
         raise LaunchError(
             f"MASTER_PORT={quoted(environ['MASTER_PORT'])} is outside 1..{MAX_PORT}: set it to a free TCP port, or "
             "unset it and let slurmdist derive one",

@@ -237,10 +237,19 @@ def test_a_shell_in_a_non_task_step_is_not_an_srun_task(step, caplog):
     assert "srun" in caplog.text
 
 
-def test_the_highest_tcp_port_is_a_valid_master_port():
+@pytest.mark.parametrize("port", ["0", "65536"])
+def test_the_highest_tcp_port_is_a_valid_master_port(port):
     assert detect({**STEP, "MASTER_PORT": "65535"}).master_port == 65535
-    with pytest.raises(LaunchError, match="MASTER_PORT='65536'"):
-        detect({**STEP, "MASTER_PORT": "65536"})
+    with pytest.raises(LaunchError, match=f"MASTER_PORT='{port}' is outside 1..65535: set it to a free TCP port"):
+        detect({**STEP, "MASTER_PORT": port})
+
+
+@pytest.mark.parametrize("name", ["WORLD_SIZE", "LOCAL_WORLD_SIZE"])
+def test_a_size_of_zero_says_what_to_do(name):
+    explicit = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2", name: "0"}
+    with pytest.raises(LaunchError, match=f"^{name}='0' must be at least 1. Fix or unset it") as raised:
+        detect(explicit)
+    assert (raised.value.variable, raised.value.value) == (name, "0")
 
 
 HAND_WRITTEN = {
