@@ -89,10 +89,26 @@ FINISHED_STATES = frozenset({
 # not answer).
 RESULTS_AHEAD_STATES = frozenset({"RUNNING", "COMPLETING", "UNKNOWN"})
 # Options slurmdist sets itself: passing them through `sbatch=` would contradict the job's layout or logs.
-MANAGED_OPTIONS = frozenset({
-    "nodes", "ntasks", "ntasks-per-node", "gpus-per-node", "cpus-per-task", "time", "partition", "account",
-    "mem", "job-name", "output", "error", "signal", "array", "open-mode", "wrap",
-})
+# sbatch options slurmdist writes itself, and what sets each instead (Submitter's keywords; the command line
+# shows them as its options).
+MANAGED_OPTIONS = {
+    "nodes": "nodes=N",
+    "ntasks": "nodes=N with gpus_per_node=G (one task per GPU) or tasks_per_node=T: the task count is their product",
+    "ntasks-per-node": "gpus_per_node=G (one task per GPU) or, without GPUs, tasks_per_node=T",
+    "gpus-per-node": "gpus_per_node=G",
+    "cpus-per-task": "cpus_per_task=C",
+    "time": "time=MINUTES (or 'HH:MM:SS', 'D-HH:MM:SS')",
+    "partition": "partition=NAME",
+    "account": "account=NAME",
+    "mem": "mem=SIZE (with its unit, e.g. 32G)",
+    "job-name": "name=NAME",
+    "output": "folder=DIR: each task's log is written there",
+    "error": "folder=DIR: each task's log is written there",
+    "signal": "signal=NAME and signal_delay=SECONDS",
+    "array": "Submitter.map_array() in Python, for a job array",
+    "open-mode": "nothing: the logs are appended to, so a requeued job keeps its earlier output",
+    "wrap": "the command to run, which slurmdist writes into the job script",
+}
 _OPTION_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")  # fullmatch: '$' would also pass a trailing newline
 # sbatch takes no fractions ("1.5G"): a number is converted. re.ASCII: \d also matches other scripts' digits.
 # A unit may end in B (500MB), but a bare B is no unit sbatch knows (500B: "Invalid --mem specification").
@@ -231,8 +247,11 @@ def _check_sbatch_options(options: Mapping[str, Any]) -> None:
         if not isinstance(key, str) or not _OPTION_NAME.fullmatch(key):
             raise SubmitError(f"sbatch option {key!r} is not an option name (letters, digits, '-' and '_')")
         name = key.replace("_", "-")
+        if len(name) == 1:  # written as `#SBATCH --C=...`, which sbatch refuses
+            raise SubmitError(f"sbatch option {key!r} is a short option; give its long name (constraint for -C, "
+                              "qos for -q): each option becomes an `#SBATCH --NAME=VALUE` line")
         if name in MANAGED_OPTIONS:
-            raise SubmitError(f"sbatch option {key!r} is set by slurmdist; use the matching argument instead")
+            raise SubmitError(f"sbatch option {key!r} is set by slurmdist; instead use {MANAGED_OPTIONS[name]}")
         if name in ("requeue", "no-requeue"):
             raise SubmitError(f"sbatch option {key!r}: slurmdist always submits with --requeue (resuming after "
                               "preemption and the requeue signal rely on it), which would override it; submit "

@@ -82,7 +82,7 @@ def parse_sbatch_options(items: List[str]) -> Dict[str, str]:
 # the options (--nodes -3).
 _OPTION_OF = {name: "--" + name.replace("_", "-") for name in (
     "nodes", "gpus_per_node", "tasks_per_node", "cpus_per_task", "time", "partition", "account", "mem", "name",
-    "signal_delay", "cluster", "folder")}
+    "signal", "signal_delay", "cluster", "folder")}
 _KEYWORD = re.compile(r"\b(%s)=" % "|".join(sorted(_OPTION_OF, key=len, reverse=True)))
 # Not in quotes: a quoted word is what the user typed (`--sbatch cpus_per_task=4`), kept as typed.
 _BARE_KEYWORD = re.compile(r"(?<!')\b(%s)\b(?!')|(?<=Set )time\b" % "|".join(

@@ -53,7 +53,9 @@ def test_sbatch_needs_a_key():
     # ... but what the user typed in quotes stays as typed, and prose keeps its words
     (["submit", "--sbatch", "cpus_per_task=4", "--", "true"], "sbatch option 'cpus_per_task' is set by slurmdist"),
     (["submit", "--sbatch", "no_requeue=1", "--", "true"], "preemption and the requeue signal rely on it"),
-    (["submit", "--sbatch", "output=/tmp/x", "--", "true"], "set by slurmdist"),
+    (["submit", "--sbatch", "output=/tmp/x", "--", "true"], "set by slurmdist; instead use --folder DIR"),
+    (["submit", "--sbatch", "time=10", "--", "true"], "'time' is set by slurmdist; instead use --time MINUTES"),
+    (["submit", "--sbatch", "signal=USR1", "--", "true"], "instead use --signal NAME and --signal-delay SECONDS"),
     (["submit", "--gpus-per-node", "4", "--tasks-per-node", "2", "--", "true"], "one task per GPU"),
     (["submit", "--time", "3", "--", "true"],
      "--signal-delay 120 s leaves no time to train within --time '3' (3 min)"),
