@@ -12,6 +12,7 @@ strict pattern or the command exits 2 naming the option.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import shlex
 import sys
@@ -370,7 +371,13 @@ def spec_from_args(args: argparse.Namespace) -> JobSpec:
 
 
 def _sbatch(args: argparse.Namespace) -> int:
-    script = render(spec_from_args(args))
+    spec = spec_from_args(args)
+    script = render(spec)
+    folder = missing_log_folder(spec.output)
+    if folder is not None:
+        print(f"slurmdist sbatch: warning: the log folder {folder!r} of --output {spec.output!r} does not exist here; "
+              f"Slurm writes no log at all when it is missing as the job starts. Create it first: mkdir -p "
+              f"{shlex.quote(folder)}", file=sys.stderr)
     if args.write:
         try:
             with open(args.write, "w") as stream:
@@ -381,3 +388,12 @@ def _sbatch(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(script)
     return 0
+
+
+def missing_log_folder(output: str) -> Optional[str]:
+    """The folder of an `--output` pattern when it does not exist (relative ones from here, where sbatch is
+    usually run); None when it exists, there is none, or it holds a pattern (`%x/`) that only the job fills."""
+    folder = os.path.dirname(output)
+    if not folder or "%" in folder or os.path.isdir(folder):
+        return None
+    return folder

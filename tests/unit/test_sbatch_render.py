@@ -207,6 +207,20 @@ def test_rendered_options_follow_the_request(capsys):
     assert script.rstrip().endswith("srun --kill-on-bad-exit=1 python train.py --lr 0.1")
 
 
+@pytest.mark.parametrize("output, warned", [("logs/%x-%j.out", True), ("%x-%j.out", False),
+                                            ("%x/%j.out", False), ("made/%j.out", False)])
+def test_a_log_folder_that_does_not_exist_is_warned_about(capsys, tmp_path, monkeypatch, output, warned):
+    # Slurm opens the log before the script runs: in a missing folder it writes none, and says nothing.
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "made").mkdir()
+    assert cli.main(["sbatch", "--output", output, "--", "python", "train.py"]) == 0
+    captured = capsys.readouterr()
+    assert f"#SBATCH --output={output}\n" in captured.out
+    folder = os.path.dirname(output)
+    assert (f"the log folder '{folder}' of --output '{output}' does not exist here" in captured.err) == warned
+    assert ("mkdir -p logs" in captured.err) == warned
+
+
 def test_a_job_that_requeues_appends_to_its_log_and_one_that_does_not_leaves_slurms_default():
     # Slurm truncates --output when a requeued run starts: the earlier run's lines (its traceback) would be gone.
     assert "#SBATCH --open-mode=append\n" in render(JobSpec(command=("python", "t.py")))
