@@ -280,10 +280,15 @@ def _hostlist(args: argparse.Namespace) -> int:
     from . import hostlist
 
     text = ",".join(_standard_input_hosts() if word == "-" else word for word in args.hosts)
+    # An empty argument is most often "$SLURM_JOB_NODELIST" outside a job; standard input may be empty, as
+    # for `wc -l` (count says 0).
+    if "-" not in args.hosts and not text.replace(",", "").strip():
+        raise SlurmdistError(f"hostlist {args.action}: the hostlist {text!r} names no host (outside a Slurm job, "
+                             "\"$SLURM_JOB_NODELIST\" is empty): give one such as node[1-4]")
     limit = hostlist.DEFAULT_LIMIT if args.limit is None else args.limit
     if args.action == "expand":
         hosts = hostlist.expand(text, limit=limit)
-        if hosts:  # one line per host: none for an empty list, as `count` says 0
+        if hosts:  # one line per host: none for empty standard input, as `count` says 0
             print("\n".join(hosts))
     elif args.action == "compress":
         print(hostlist.compress(hostlist.expand(text, limit=limit)))

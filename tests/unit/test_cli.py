@@ -167,7 +167,10 @@ def test_hostlist_subcommand():
     assert slurmdist("hostlist", "first", "n[07-09],m1", environ=environ).stdout.strip() == "n07"
     assert slurmdist("hostlist", "count", "n[1-100]", environ=environ).stdout.strip() == "100"
     assert slurmdist("hostlist", "compress", "n1,n2,n3", environ=environ).stdout.strip() == "n[1-3]"
-    assert slurmdist("hostlist", "expand", "", environ=environ).stdout == ""  # no host, no line (count says 0)
+    for action in ("expand", "compress", "count", "first"):  # "$SLURM_JOB_NODELIST" outside a job
+        refused = slurmdist("hostlist", action, "", environ=environ)
+        assert refused.returncode == 2 and refused.stdout == ""
+        assert f"hostlist {action}: the hostlist '' names no host" in refused.stderr and "node[1-4]" in refused.stderr
     # Past the limit: an error that says how to raise it, and --limit does.
     refused = slurmdist("hostlist", "expand", "--limit", "2", "n[1-3]", environ=environ)
     assert refused.returncode == 2 and "more than 2 hosts" in refused.stderr and "--limit N" in refused.stderr
@@ -182,7 +185,8 @@ def test_hostlist_reads_standard_input_for_a_dash():
     # `scontrol show hostnames | slurmdist hostlist compress -`: one host per line, or spaces and commas.
     assert hostlist("compress", "-", stdin="n1\nn2\nn3\n n7 n8,n9\n").stdout == "n[1-3,7-9]\n"
     assert hostlist("expand", "-", "m1", stdin="n[1-2]\n").stdout.split() == ["n1", "n2", "m1"]
-    assert hostlist("count", "-", stdin="").stdout == "0\n"
+    assert hostlist("count", "-", stdin="").stdout == "0\n"  # as `wc -l` counts an empty pipe
+    assert hostlist("expand", "-", stdin="").stdout == ""  # no host, no line
     big = ",".join(f"h{n}x" for n in range(40000))  # beyond what one command-line argument may hold (128 KiB)
     assert hostlist("count", "-", stdin=big).stdout == "40000\n"
     closed = subprocess.run(["bash", "-c", f"{sys.executable} -m slurmdist hostlist expand - <&-"], timeout=30,
