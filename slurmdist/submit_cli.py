@@ -35,7 +35,9 @@ def register(subparsers: Any) -> None:
     """Add the `submit` command to the `slurmdist` parser's subcommands."""
     parser = subparsers.add_parser(
         "submit", help="submit a command as a multi-node job through submitit (and --wait for it)",
-        description=__doc__.split("\n\n")[0] + " Each task is one rank: slurmdist.init() inside just works.",
+        description=__doc__.split("\n\n")[0] + " Each task is one rank: slurmdist.init() inside just works; a "
+        "torchrun-style script (a plain init_process_group() that reads RANK, WORLD_SIZE, MASTER_ADDR) runs under "
+        "`slurmdist submit [options] -- slurmdist run -- python train.py`.",
     )
     shape = parser.add_argument_group("job shape")
     shape.add_argument("--nodes", "-N", type=int, default=1)
