@@ -80,7 +80,7 @@ def require_count(
         why = why or "the environment is incomplete"
         raise LaunchError(
             f"{launcher} launch detected but {name} is not set: {why}. "
-            f"Launch through {launcher} itself, or set {name}.",
+            f"Start the process with the launcher that sets it (not a hand-written export), or set {name}.",
             name,
         )
     return value
