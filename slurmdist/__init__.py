@@ -60,7 +60,9 @@ def __getattr__(name: str) -> object:
 
 
 def __dir__() -> list:
-    return sorted(set(globals()) | set(__all__))
+    """The public names, loaded or not, and the module's dunders: not the helpers this file imports for itself
+    (importlib, TYPE_CHECKING, annotations), which tab completion would offer."""
+    return sorted({*__all__, *(name for name in globals() if name.startswith("__"))})
 
 
 if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs only

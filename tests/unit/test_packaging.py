@@ -40,3 +40,13 @@ def test_the_wheel_holds_every_module_and_the_typed_marker(tmp_path):
     assert "slurmdist/py.typed" in names
     entry_points = next(n for n in names if n.endswith(".dist-info/entry_points.txt"))
     assert "slurmdist = slurmdist.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
+
+
+def test_dir_lists_the_public_api_whether_loaded_or_not_and_no_import_helpers():
+    import slurmdist
+
+    listed = set(dir(slurmdist))
+    assert set(slurmdist.__all__) <= listed  # lazy names too, before first use (tab completion)
+    assert not listed & {"importlib", "TYPE_CHECKING", "annotations", "errors"}
+    for name in slurmdist.__all__:
+        assert getattr(slurmdist, name) is not None
