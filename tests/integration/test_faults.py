@@ -182,6 +182,26 @@ def test_master_port_taken_under_slurmdist_run(slurm_cluster, tmp_path, reliabil
     assert proc.returncode != 0 and detect < INIT_TIMEOUT + MARGIN
 
 
+def test_rank_0_that_never_starts_under_slurmdist_run(slurm_cluster, reliability_record):
+    # Task 0 exits before its `slurmdist run`: no store host ever listens. The other ranks must not start the
+    # command (whose torch client would wait 30 min for rank 0), but end at the init timeout, naming the store.
+    skip_rank_0 = (f'[ "$SLURM_PROCID" = 0 ] && exit 0; exec {PYTHON} -m slurmdist run -- {PYTHON} -c '
+                   '"print(\'command started\')"')
+    started = time.time()
+    proc = slurm_cluster.run(["srun", "-N2", "--ntasks-per-node=2", "--kill-on-bad-exit=0", "bash", "-c", skip_rank_0],
+                             timeout=RUN_TIMEOUT, check=False, env=timeouts())
+    took = time.time() - started
+    refusals = re.findall(r"nothing listens at the rendezvous store \S+ after 6 s", proc.stderr)
+    reliability_record("rank 0 never starts, under `srun slurmdist run`",
+                       f"srun -N2 --ntasks-per-node=2 slurmdist run, init timeout {INIT_TIMEOUT:.0f} s",
+                       "task 0 exits before slurmdist run", took,
+                       f"srun exits {proc.returncode}; {len(refusals)} of 3 ranks exit 2 before the command: "
+                       f"\"{refusals[0] if refusals else 'no message'}\"")
+    assert len(refusals) == 3, proc.stderr
+    assert "command started" not in proc.stdout and "Traceback" not in proc.stderr
+    assert proc.returncode != 0 and took < INIT_TIMEOUT + MARGIN
+
+
 def test_master_name_that_does_not_resolve(slurm_cluster, tmp_path, reliability_record):
     out = tmp_path / "out"
     started, proc = srun_faulty(slurm_cluster, out, env=timeouts(MASTER_ADDR="no-such-node.invalid"))
