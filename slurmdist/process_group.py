@@ -60,7 +60,9 @@ def init(
     """Detect the launch, pick backend and device, bind the device, form the default process group.
 
     Returns the `DistEnv` with `device`, `device_ids` (for DDP) and `backend` filled. `timeout` (seconds,
-    default `SLURMDIST_INIT_TIMEOUT` or 300) bounds the whole rendezvous. A second call returns the same env.
+    default `SLURMDIST_INIT_TIMEOUT` or 300) bounds the whole rendezvous. A second call warns and returns the
+    same env, without using its arguments (`shutdown()` first to form another group); after the group was
+    destroyed (`shutdown()`, or your own `dist.destroy_process_group()`), `init()` forms a new one.
     """
     with _lock:
         if _live_env() is not None:
@@ -131,6 +133,14 @@ def _start_group(env: DistEnv, deadline: bounds.Deadline, environ: Mapping[str, 
 
     collective = timedelta(seconds=_collective_timeout(environ))
     if dist.is_initialized():
+        formed = (dist.get_rank(), dist.get_world_size())
+        if formed != (env.rank, env.world_size):  # the env would size samplers and shards for another group
+            raise SlurmdistError(
+                f"torch.distributed was initialised outside slurmdist as rank {formed[0]} of {formed[1]}, but the "
+                f"launch ({env.launcher}) says rank {env.rank} of {env.world_size}: slurmdist cannot adopt a group "
+                "of another shape. Form the group with slurmdist.init() only, or destroy yours first "
+                "(torch.distributed.destroy_process_group())"
+            )
         warnings.warn("torch.distributed was initialised outside slurmdist; adopting that group", stacklevel=3)
         _state["owned"] = False  # shutdown() leaves a group it did not create alone
         return env.replace(backend=str(dist.get_backend()))
@@ -370,6 +380,8 @@ def initialized(backend: str = "auto", **kwargs: Any) -> Iterator[DistEnv]:
 
 
 def is_initialized() -> bool:
+    """Whether the group `init()` formed (or adopted) is still there: False before `init()`, after
+    `shutdown()`, and after your own `dist.destroy_process_group()`."""
     return _live_env() is not None
 
 
@@ -396,7 +408,15 @@ def barrier() -> None:
         return
     import torch.distributed as dist
 
-    if env.backend == "nccl" and env.device_ids:
-        dist.barrier(device_ids=list(env.device_ids))
-    else:
-        dist.barrier()
+    try:
+        if env.backend == "nccl" and env.device_ids:
+            dist.barrier(device_ids=list(env.device_ids))
+        else:
+            dist.barrier()
+    except RuntimeError as exc:  # gloo's own words name a source file, not the setting or what to do
+        raise SlurmdistError(
+            f"barrier() on rank {env.rank} of {env.world_size} failed: {str(exc).splitlines()[0]}. Not every rank "
+            f"reached it within the collective timeout ({COLLECTIVE_TIMEOUT_VARIABLE}, default "
+            f"{DEFAULT_COLLECTIVE_TIMEOUT:.0f} s), or one left the group: a rank crashed (read its log), hangs, or "
+            f"is slower than the timeout allows (raise {COLLECTIVE_TIMEOUT_VARIABLE})"
+        ) from exc

@@ -214,3 +214,44 @@ def test_gloo_without_retiming_still_ends_at_the_init_timeout():
     done = subprocess.run([PYTHON, "-c", ALONE_WITHOUT_RETIMING], env=environ, capture_output=True, text=True,
                           timeout=120)
     assert "rank(s) 1 never arrived" in done.stdout, done.stdout + done.stderr
+
+
+def test_a_group_formed_outside_slurmdist_is_adopted_when_its_shape_is_the_launchs(single):
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    with pytest.warns(UserWarning, match="adopting that group"):
+        env = slurmdist.init(environ=single)
+    assert (env.rank, env.world_size) == (0, 1) and works()
+    slurmdist.shutdown()
+    assert dist.is_initialized()  # not slurmdist's to destroy
+
+
+def test_a_group_formed_outside_slurmdist_of_another_shape_is_refused(single):
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    launch = rank_environ(0, 2, free_port())  # the launch says 2 ranks: a sampler would shard for 2
+    with pytest.raises(slurmdist.SlurmdistError, match="initialised outside slurmdist as rank 0 of 1, but the launch "
+                       r"\(torchrun\) says rank 0 of 2"):
+        slurmdist.init(environ=launch)
+    assert not slurmdist.is_initialized() and works()
+
+
+BARRIER_ALONE = """
+import time, slurmdist
+env = slurmdist.init("gloo", timeout=60)
+if env.rank == 1:  # never reaches the barrier; leaves once rank 0 has given up
+    time.sleep(8)
+else:
+    try:
+        slurmdist.barrier()
+    except slurmdist.SlurmdistError as error:
+        print(error)
+"""
+
+
+def test_a_barrier_a_rank_never_reaches_ends_at_the_collective_timeout_saying_so():
+    port = free_port()
+    procs = [subprocess.Popen([PYTHON, "-c", BARRIER_ALONE], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=rank_environ(rank, 2, port, SLURMDIST_COLLECTIVE_TIMEOUT="3"))
+             for rank in (1, 0)]
+    rank_1, rank_0 = finish(procs)
+    assert "barrier() on rank 0 of 2 failed" in rank_0.stdout, rank_0.stdout + rank_0.stderr
+    assert "SLURMDIST_COLLECTIVE_TIMEOUT" in rank_0.stdout and "Traceback" not in rank_0.stderr
