@@ -133,10 +133,10 @@ def _start_group(env: DistEnv, deadline: bounds.Deadline, environ: Mapping[str, 
 
     collective = timedelta(seconds=_collective_timeout(environ))
     if dist.is_initialized():
-        formed = (dist.get_rank(), dist.get_world_size())
-        if formed != (env.rank, env.world_size):  # the env would size samplers and shards for another group
+        shape = (dist.get_rank(), dist.get_world_size())
+        if shape != (env.rank, env.world_size):  # the env would size samplers and shards for another group
             raise SlurmdistError(
-                f"torch.distributed was initialised outside slurmdist as rank {formed[0]} of {formed[1]}, but the "
+                f"torch.distributed was initialised outside slurmdist as rank {shape[0]} of {shape[1]}, but the "
                 f"launch ({env.launcher}) says rank {env.rank} of {env.world_size}: slurmdist cannot adopt a group "
                 "of another shape. Form the group with slurmdist.init() only, or destroy yours first "
                 "(torch.distributed.destroy_process_group())"
