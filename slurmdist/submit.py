@@ -38,6 +38,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optio
 
 from . import commands
 from .argv import command_words
+from .bounds import positive_seconds
 from .envvars import whole_number
 from .errors import SlurmdistError
 from .requeue import RequeueError, Resumable, parse_signal, requeue_limit, signal_delay_problem, slurm_name
@@ -243,6 +244,9 @@ class Resources:
 
 
 def _check_sbatch_options(options: Mapping[str, Any]) -> None:
+    if not isinstance(options, Mapping):
+        raise SubmitError(f"sbatch={options!r} must be a mapping of option names to values, such as "
+                          "{'constraint': 'a100', 'qos': 'high'}")
     for key, value in options.items():
         if not isinstance(key, str) or not _OPTION_NAME.fullmatch(key):
             raise SubmitError(f"sbatch option {key!r} is not an option name (letters, digits, '-' and '_')")
@@ -373,6 +377,9 @@ class Submitter:
             log.warning("slurmdist: sbatch and srun are not on PATH, so this job runs on this machine (submitit's "
                         "LocalExecutor), where %s mean nothing; load your site's Slurm module, or pass "
                         "cluster='local' to mean it", ", ".join(slurm_only))
+        if python is not None and (not isinstance(python, str) or not python.strip()):
+            raise SubmitError(f"python={python!r} must be the interpreter command the job runs, such as "
+                              "'/path/to/venv/bin/python' (None: this process's interpreter)")
         self.folder = Path(folder)
         self.python = python
         self._executor: Any = None
@@ -394,6 +401,7 @@ class Submitter:
 
     def submit(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Run ``fn(*args, **kwargs)`` in every task of one job; returns the submitit job."""
+        _require_callable(fn, "submit")
         executor = self.executor  # first: without submitit, its error says what to install
         return _submitting(lambda: executor.submit(fn, *args, **kwargs), signal_variables(self.resources),
                            self.folder)
@@ -408,10 +416,24 @@ class Submitter:
 
     def map_array(self, fn: Callable[..., Any], *iterables: Iterable[Any]) -> List[Any]:
         """A job array, one job per ``fn(*args)`` for args in ``zip(*iterables)``: a sweep. Each element is a
-        whole distributed job with these resources."""
+        whole distributed job with these resources. The iterables must be of one length: `zip` would drop the
+        longer ones' tail without a word."""
+        _require_callable(fn, "map_array")
+        columns = [list(column) for column in iterables]
+        lengths = sorted({len(column) for column in columns})
+        if len(lengths) > 1:
+            raise SubmitError(f"map_array: the argument lists have different lengths ({', '.join(map(str, lengths))}); "
+                              "zip would submit only as many jobs as the shortest has: make them one length")
         executor = self.executor
-        return _submitting(lambda: executor.map_array(fn, *iterables), signal_variables(self.resources),
+        return _submitting(lambda: executor.map_array(fn, *columns), signal_variables(self.resources),
                            self.folder)
+
+
+def _require_callable(fn: Any, method: str) -> None:
+    """Before anything is queued: a job whose function is not one fails only once it runs."""
+    if not callable(fn):
+        raise SubmitError(f"{method}: {fn!r} is not callable; pass the function to run in every task (its arguments "
+                          "follow it), or use submit_command(['python', 'train.py']) for a command")
 
 
 def build_executor(resources: Resources, cluster: str, folder: Path, python: Optional[str] = None) -> Any:
@@ -611,6 +633,8 @@ def _wait(job: Any, timeout: float, poll: float = 1.0, on_state: Optional[Callab
           on_poll: Optional[Callable[[], None]] = None) -> Tuple[str, Optional[List[Tuple[Optional[str], Any]]]]:
     """`wait`, which also hands back the tasks' outcomes when it read them to end early (None otherwise): they
     may be large, and `results` need not load them twice."""
+    timeout = positive_seconds("timeout", timeout, SubmitError)
+    poll = positive_seconds("poll", poll, SubmitError)
     deadline = time.monotonic() + timeout
     last = ""
     written_at: Optional[float] = None

@@ -623,3 +623,38 @@ def test_an_argument_that_cannot_be_pickled_is_a_submit_error_saying_so(tmp_path
     submitter = Submitter(tasks_per_node=1, folder=tmp_path / "%j", cluster="local")
     with pytest.raises(SubmitError, match=r"cannot be sent to the job: cannot pickle '_thread.lock' object\. .*a path"):
         submitter.submit(print, threading.Lock())
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda s: s.submit(3), "submit: 3 is not callable"),
+    (lambda s: s.map_array(3, [1]), "map_array: 3 is not callable"),
+    (lambda s: s.map_array(print, [1, 2, 3], [1]), r"different lengths \(1, 3\); zip would submit only"),
+])
+def test_a_submission_that_could_only_fail_in_the_job_is_refused_before_anything_is_queued(tmp_path, call, message):
+    submitter = Submitter(cluster="local", folder=tmp_path / "logs")
+    with pytest.raises(SubmitError, match=message):
+        call(submitter)
+    assert not (tmp_path / "logs").exists()  # nothing was submitted, not even the executor's folder made
+
+
+@pytest.mark.parametrize("arguments, message", [
+    ({"python": 3}, "python=3 must be the interpreter command"),
+    ({"python": " "}, "python=' ' must be the interpreter command"),
+    ({"sbatch": "constraint=a100"}, "sbatch='constraint=a100' must be a mapping"),
+])
+def test_submitter_arguments_of_the_wrong_kind_are_named(arguments, message):
+    with pytest.raises(SubmitError, match=message):
+        Submitter(cluster="local", **arguments)
+
+
+@pytest.mark.parametrize("arguments, message", [
+    ({"timeout": "x"}, "timeout='x' is not a number of seconds"),
+    ({"timeout": -1}, "timeout=-1 must be a positive number of seconds"),
+    ({"timeout": 10, "poll": 0}, "poll=0 must be a positive number of seconds"),
+])
+def test_wait_bounds_are_checked_before_the_job_is_asked(arguments, message):
+    from slurmdist.submit import results
+
+    job = SimpleNamespace(job_id="1")  # never reached: the bounds are checked first
+    with pytest.raises(SubmitError, match=message):
+        results(job, **arguments)
