@@ -183,6 +183,9 @@ def restart_count(environ: Mapping[str, str]) -> int:
 def requeue_limit(value: Optional[int], environ: Mapping[str, str]) -> int:
     """The requeue limit: `value`, else SLURMDIST_MAX_REQUEUES, else 10."""
     if value is not None:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise RequeueError(f"max_requeues={value!r} must be a whole number of requeues, 0 or more (0: never "
+                               f"requeue; None: {MAX_REQUEUES_VARIABLE}, else {DEFAULT_MAX_REQUEUES})")
         return value
     raw = environ.get(MAX_REQUEUES_VARIABLE, "").strip()
     if not raw:
@@ -315,6 +318,8 @@ def install(
     environ = os.environ if environ is None else environ
     if rank is None:
         rank = launcher_rank(environ)
+    elif isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
+        raise RequeueError(f"rank={rank!r} must be this process's global rank, 0 or more (None: the launcher's)")
     return Preemption(parse_signal(sig, environ), requeue_limit(max_requeues, environ), rank).install()
 
 
@@ -421,6 +426,8 @@ class Resumable:
                  max_requeues: Optional[int] = None) -> None:
         self.checkpoint_path = Path(checkpoint_path).absolute()
         self.signal = signal
+        if max_requeues is not None:  # checked where it is written, not only once the job runs
+            requeue_limit(max_requeues, {})
         self.max_requeues = max_requeues
 
     def run(self, preemption: Preemption, *args: Any, **kwargs: Any) -> Any:

@@ -78,6 +78,22 @@ def test_restart_count_and_limit():
     assert restart_count({"SLURM_RESTART_COUNT": "7" * 5000}) == 0  # corrupt: read as no requeue yet
 
 
+@pytest.mark.parametrize("value", [-1, "3", 1.5, True])
+def test_a_requeue_limit_given_in_code_is_a_whole_number_too(value):
+    with pytest.raises(RequeueError, match=f"max_requeues={value!r} must be a whole number of requeues, 0 or more"):
+        requeue_limit(value, {})
+    with pytest.raises(RequeueError, match="max_requeues="):
+        install(max_requeues=value, environ={})
+    with pytest.raises(RequeueError, match="max_requeues="):
+        Resumable("ckpt.pt", max_requeues=value)
+
+
+@pytest.mark.parametrize("rank", [-2, "0", True])
+def test_a_rank_given_to_install_is_a_global_rank(rank):
+    with pytest.raises(RequeueError, match=f"rank={rank!r} must be this process's global rank"):
+        install(rank=rank, environ={})
+
+
 def test_plan_under_slurm_requeues_this_job():
     decision = plan({"SLURM_JOB_ID": "42", "SLURM_RESTART_COUNT": "1"}, limit=3)
     assert decision.action is Action.SLURM_REQUEUE
