@@ -93,6 +93,12 @@ def level_number(value: Union[int, str], what: str = "others_level") -> int:
     raise ValueError(f"{what}={value!r} is not a logging level: give one such as logging.WARNING, 30 or 'WARNING'")
 
 
+def _check_override(name: str, value: Optional[int], minimum: int) -> None:
+    """A rank or world size given to a filter in code: a whole number, or None for what the launch says."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < minimum):
+        raise ValueError(f"{name}={value!r} must be a whole number >= {minimum}, or None for what the launch says")
+
+
 class RankFilter(logging.Filter):
     """Prefix records with `[rank R/W]` and, with `main_only=True`, drop non-zero ranks' records below
     `others_level` (warnings and errors from every rank still get through by default).
@@ -119,6 +125,10 @@ class RankFilter(logging.Filter):
         self.main_only = main_only
         self.others_level = level_number(others_level)
         self.prefix_message = prefix_message
+        _check_override("rank", rank, 0)
+        _check_override("world_size", world_size, 1)
+        if rank is not None and world_size is not None and rank >= world_size:
+            raise ValueError(f"rank={rank} is not below world_size={world_size}: ranks count from 0 to world_size - 1")
         self._rank, self._world_size = rank, world_size
 
     # Returning a record is allowed from Python 3.12; typeshed types the older `filter` as returning bool.

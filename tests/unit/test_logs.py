@@ -245,3 +245,15 @@ def test_helpers_do_not_repeat_detects_warning_before_every_line(in_salloc_shell
     assert capsys.readouterr().out == "three\n"
     slurmdist.detect()  # asked directly, detect() still says it
     assert "not in an srun step" in caplog.records[-1].getMessage()
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"rank": "x"}, "rank='x' must be a whole number >= 0"),
+    ({"rank": -1}, "rank=-1 must be a whole number >= 0"),
+    ({"world_size": 0}, "world_size=0 must be a whole number >= 1"),
+    ({"rank": 5, "world_size": 2}, "rank=5 is not below world_size=2"),
+])
+def test_a_rank_or_size_given_in_code_is_checked_when_the_filter_is_made(overrides, message):
+    # The environment may be strange (never an error for a log line); a value written in code is a mistake.
+    with pytest.raises(ValueError, match=message):
+        RankFilter(**overrides)
