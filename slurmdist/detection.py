@@ -18,7 +18,7 @@ import os
 from typing import Callable, Dict, Mapping, Optional
 
 from .distenv import LOOPBACK, DistEnv
-from .envvars import explicit_master, scheduler_job_id
+from .envvars import explicit_master, require_mapping, scheduler_job_id
 from .errors import LaunchError
 from .launchers import flux, mpi, slurm, submitit_local, torchrun
 from .notices import warn_once
@@ -43,7 +43,7 @@ def detect(environ: Optional[Mapping[str, str]] = None) -> DistEnv:
     Raises `LaunchError` naming the variable and value when the launcher's variables are malformed or
     contradict each other, and in an sbatch batch script that asked for several tasks but has no srun.
     """
-    environ = os.environ if environ is None else environ
+    environ = os.environ if environ is None else require_mapping(environ)
     forced = environ.get(FORCE_VARIABLE)
     if forced is not None:
         return _forced(forced, environ)

@@ -23,6 +23,13 @@ FIX_ADVICE = ("Fix or unset it (launchers set it per process: a bad value usuall
 JOB_ID_VARIABLES = ("SLURM_JOB_ID", "SLURM_JOBID", "FLUX_JOB_ID", "LSB_JOBID", "PBS_JOBID", "PALS_APID")
 
 
+def require_mapping(environ: Mapping[str, str]) -> Mapping[str, str]:
+    """`environ` itself when it is a mapping; a TypeError that says so, not "'str' has no attribute 'get'"."""
+    if not isinstance(environ, Mapping):
+        raise TypeError(f"environ={environ!r} must be a mapping of variable names to values, such as os.environ")
+    return environ
+
+
 def whole_number(text: str, max_digits: int = 18) -> Optional[int]:
     """`text` as an int when it is ASCII digits only, with at most `max_digits` significant ones; else None.
     `str.isdigit()` alone also passes '²' (which int() refuses) and '١' (which it reads), and Python refuses

@@ -8,11 +8,17 @@ from typing import Dict, MutableMapping, Optional
 from .distenv import DistEnv
 
 
+def _require_env(env: object) -> None:
+    if not isinstance(env, DistEnv):
+        raise TypeError(f"expected the DistEnv that slurmdist.detect() or slurmdist.init() returned, got {env!r}")
+
+
 def torchrun_variables(env: DistEnv) -> Dict[str, str]:
     """RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT (+ GROUP_RANK/GROUP_WORLD_SIZE).
 
     Master address and port are left out when not yet known (MPI across nodes before `init()`).
     """
+    _require_env(env)
     variables = {
         "RANK": str(env.rank),
         "LOCAL_RANK": str(env.local_rank),
@@ -38,6 +44,7 @@ def export_env(env: DistEnv, environ: Optional[MutableMapping[str, str]] = None)
     GLOO_SOCKET_IFNAME when it is unset (see slurmdist.interfaces).
     """
     target = os.environ if environ is None else environ
+    _require_env(env)
     if env.world_size == 1 and env.master_port is None:  # env:// wants a port even for one process
         from .hosts import free_port
 

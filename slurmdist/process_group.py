@@ -26,6 +26,7 @@ from typing import Any, Iterator, List, Mapping, Optional
 from . import backends, bounds, devices, hostlist, hosts, interfaces, rendezvous, store_server  # noqa: F401
 from .detection import detect, is_own_srun_task
 from .distenv import DistEnv
+from .envvars import require_mapping
 from .errors import BackendError, SlurmdistError
 from .store_watchdog import StoreWatchdog
 
@@ -71,7 +72,7 @@ def init(
                           f"{env.backend} on {env.device}; this call's arguments are not used: shutdown() first to "
                           "form a group with others)", stacklevel=2)
             return _state["env"]
-        environ = os.environ if environ is None else environ
+        environ = os.environ if environ is None else require_mapping(environ)
         started = time.monotonic()
         handling = sys.exc_info()[1]  # the caller's own exception, if init() runs in an except block
         if not isinstance(backend, str):

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 
-from slurmdist import detect, export_env
+import pytest
+
+from slurmdist import detect, export_env, torchrun_variables
 from tests.conftest import load_case
 
 
@@ -35,3 +37,12 @@ def test_mpi_across_nodes_leaves_out_the_master_it_does_not_know_yet():
     written = export_env(detect(rank), {})
     assert "MASTER_ADDR" not in written and "MASTER_PORT" not in written
     assert (written["RANK"], written["WORLD_SIZE"]) == ("1", "4")
+
+
+def test_arguments_of_the_wrong_kind_say_what_was_expected():
+    # Not "'str' object has no attribute 'get'" from deep inside.
+    with pytest.raises(TypeError, match="environ='RANK=0' must be a mapping of variable names to values"):
+        detect("RANK=0")
+    for call in (export_env, torchrun_variables):
+        with pytest.raises(TypeError, match="expected the DistEnv that slurmdist.detect.. or slurmdist.init.. returned"):
+            call(None)
