@@ -71,6 +71,9 @@ SignalSpec = Union[str, int, signal.Signals, None]
 UNCATCHABLE = frozenset({signal.SIGKILL, signal.SIGSTOP})
 
 
+__all__ = ["RequeueError", "Preemption", "Resumable", "install", "restart_count"]
+
+
 class RequeueError(SlurmdistError):
     """The job could not be requeued (not a Slurm job, too many requeues, `scontrol requeue` failed)."""
 
