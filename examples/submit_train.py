@@ -89,6 +89,14 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
+    try:
+        return submit_and_report(args)
+    except slurmdist.SlurmdistError as error:  # a bad request or a failed job: say so, no traceback of ours
+        print(f"submit_train.py: {error}", file=sys.stderr)
+        return 2
+
+
+def submit_and_report(args: argparse.Namespace) -> int:
     submitter = Submitter(nodes=args.nodes, tasks_per_node=args.tasks_per_node, gpus_per_node=args.gpus_per_node,
                           time=args.time, partition=args.partition, folder=args.folder, cluster=args.cluster)
     if args.sweep:

@@ -10,6 +10,7 @@ import json
 import os
 import re
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -208,3 +209,14 @@ def test_with_requeue_the_saved_warning_requeues_and_sigterm_before_it_still_sto
         assert request.stopping
     finally:
         preemption.uninstall()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--nodes", "0"], "submit_train.py: nodes=0 must be a whole number >= 1"),
+    (["--cluster", "local", "--time", "soon"], "submit_train.py: time='soon' is not a Slurm time: use minutes or "
+     "HH:MM:SS or D-HH:MM:SS"),
+])
+def test_submit_train_reports_a_bad_request_in_one_line(args, message, tmp_path):
+    done = subprocess.run([sys.executable, str(TRAIN.with_name("submit_train.py")), "--checkpoint",
+                           str(tmp_path / "c.pt"), *args], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 2 and done.stderr.strip() == message, done.stderr
