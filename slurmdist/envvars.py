@@ -141,13 +141,14 @@ MAX_PORT = 65535
 
 def explicit_master(environ: Mapping[str, str]) -> Tuple[Optional[str], Optional[int]]:
     """MASTER_ADDR and MASTER_PORT when set: whatever the launcher, what the user exported wins."""
-    port = read_count(environ, "MASTER_PORT")
-    if port is not None and not 1 <= port <= MAX_PORT:
+    raw = environ.get("MASTER_PORT")
+    port = None if raw is None else whole_number(raw.strip(), max_digits=5)
+    if raw is not None and (port is None or not 1 <= port <= MAX_PORT):  # '', 'abc', '-1', '0', '70000'
         raise LaunchError(
-            f"MASTER_PORT={quoted(environ['MASTER_PORT'])} is outside 1..{MAX_PORT}: set it to a free TCP port, or "
-            "unset it and let slurmdist derive one",
+            f"MASTER_PORT={quoted(raw)} is not a TCP port (a whole number in 1..{MAX_PORT}): set it to a free TCP "
+            "port, or unset it and let slurmdist derive one",
             "MASTER_PORT",
-            environ["MASTER_PORT"],
+            raw,
         )
     return read_text(environ, "MASTER_ADDR"), port
 

@@ -73,7 +73,7 @@ def test_two_steps_of_one_job_and_two_jobs_get_different_ports():
 def test_a_number_too_long_for_int_is_refused_naming_the_variable(name):
     # Python's int() refuses more than 4300 digits with a bare ValueError, which reached the CLI as a traceback.
     task = load_case("slurm/srun_N2_tpn2")[0]
-    with pytest.raises(LaunchError, match=f"^{name}='7777.*too large"):
+    with pytest.raises(LaunchError, match=f"^{name}='7777.*(too large|is not a TCP port)"):
         detect({**task, name: "7" * 5000})
 
 
@@ -237,11 +237,13 @@ def test_a_shell_in_a_non_task_step_is_not_an_srun_task(step, caplog):
     assert "srun" in caplog.text
 
 
-@pytest.mark.parametrize("port", ["0", "65536"])
+@pytest.mark.parametrize("port", ["0", "65536", "abc", "", "-1"])
 def test_the_highest_tcp_port_is_a_valid_master_port(port):
     assert detect({**STEP, "MASTER_PORT": "65535"}).master_port == 65535
-    with pytest.raises(LaunchError, match=f"MASTER_PORT='{port}' is outside 1..65535: set it to a free TCP port"):
+    with pytest.raises(LaunchError, match=f"MASTER_PORT='{port[:20]}.*' is not a TCP port \\(a whole number in "
+                                          r"1..65535\): set it to a free TCP port") as raised:
         detect({**STEP, "MASTER_PORT": port})
+    assert (raised.value.variable, raised.value.value) == ("MASTER_PORT", port)
 
 
 @pytest.mark.parametrize("name", ["WORLD_SIZE", "LOCAL_WORLD_SIZE"])
