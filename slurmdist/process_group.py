@@ -108,6 +108,8 @@ def init(
 
 def _choose_device(env: DistEnv, backend: str, device: Any, environ: Mapping[str, str]) -> DistEnv:
     """Backend and device, decided and checked without touching the network."""
+    # Read only where ranks outnumber devices, checked always: a typo must not wait for the GPU nodes to show.
+    devices.share_requested(environ)
     device_type, index = backends.split_device(device)
     caps = backends.probe(backend, device_type, environ)
     choice = backends.choose(backend, caps, device_type, environ)
