@@ -30,6 +30,11 @@ def require_mapping(environ: Mapping[str, str]) -> Mapping[str, str]:
     return environ
 
 
+def is_whole(value: object, minimum: int) -> bool:
+    """Whether `value`, given in code, is an int (not a bool: True is no count) of at least `minimum`."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
+
+
 def whole_number(text: str, max_digits: int = 18) -> Optional[int]:
     """`text` as an int when it is ASCII digits only, with at most `max_digits` significant ones; else None.
     `str.isdigit()` alone also passes '²' (which int() refuses) and '١' (which it reads), and Python refuses

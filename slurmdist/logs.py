@@ -16,7 +16,7 @@ import threading
 from typing import Any, Callable, FrozenSet, Mapping, MutableMapping, Optional, Tuple, Union
 
 from . import process_group
-from .envvars import whole_number
+from .envvars import is_whole, whole_number
 from .errors import SlurmdistError
 
 RANK_VARIABLES = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK")
@@ -95,7 +95,7 @@ def level_number(value: Union[int, str], what: str = "others_level") -> int:
 
 def _check_override(name: str, value: Optional[int], minimum: int) -> None:
     """A rank or world size given to a filter in code: a whole number, or None for what the launch says."""
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < minimum):
+    if value is not None and not is_whole(value, minimum):
         raise ValueError(f"{name}={value!r} must be a whole number >= {minimum}, or None for what the launch says")
 
 

@@ -418,7 +418,7 @@ def barrier() -> None:
             dist.barrier()
     except RuntimeError as exc:  # gloo's own words name a source file, not the setting or what to do
         raise SlurmdistError(
-            f"barrier() on rank {env.rank} of {env.world_size} failed: {str(exc).splitlines()[0]}. Not every rank "
+            f"barrier() on rank {env.rank} of {env.world_size} failed: {rendezvous.first_line(exc)}. Not every rank "
             f"reached it within the collective timeout ({COLLECTIVE_TIMEOUT_VARIABLE}, default "
             f"{DEFAULT_COLLECTIVE_TIMEOUT:.0f} s), or one left the group: a rank crashed (read its log), hangs, or "
             f"is slower than the timeout allows (raise {COLLECTIVE_TIMEOUT_VARIABLE})"

@@ -202,7 +202,7 @@ def _join_store(
         if agent_serves:
             raise RendezvousError(
                 f"rank {rank} could not join the rendezvous store its agent serves at {where} (world size "
-                f"{world_size}): {_first_line(exc)}. The agent (torchrun, or slurmdist run's store host on rank "
+                f"{world_size}): {first_line(exc)}. The agent (torchrun, or slurmdist run's store host on rank "
                 "0's node) has just exited or is unreachable from here: see its log"
             ) from None
         raise RendezvousError(
@@ -251,7 +251,7 @@ def announce_closing(store: Any, next_base: str) -> None:
         store.set_timeout(timedelta(seconds=CLOSING_BOUND))
         store.set(state_key(next_base), STORE_CLOSING)
     except RuntimeError as exc:  # the store is gone already: whoever joined it has seen it close
-        log.debug("slurmdist: could not mark the old store as closing: %s", _first_line(exc))
+        log.debug("slurmdist: could not mark the old store as closing: %s", first_line(exc))
     finally:
         if previous is not None:
             store.set_timeout(previous)
@@ -502,9 +502,9 @@ class Rendezvous:
         if problem is not None:
             verdict = problem
         elif cause is not None and (verdict == "go" or verdict.startswith(EVERY_RANK_ARRIVED)):
-            verdict = f"{EVERY_RANK_ARRIVED}, but: {_first_line(cause)}{_mesh_straggler(cause)}"
+            verdict = f"{EVERY_RANK_ARRIVED}, but: {first_line(cause)}{_mesh_straggler(cause)}"
         elif cause is not None and verdict.startswith(NO_RANK_REPORTED):  # who arrived is unknown
-            verdict = f"{verdict}; this rank: {_first_line(cause)}{_mesh_straggler(cause)}"
+            verdict = f"{verdict}; this rank: {first_line(cause)}{_mesh_straggler(cause)}"
         if late:
             verdict = (
                 f"rank {self.env.rank} came after the others had given up on this attempt (their verdict: "
@@ -561,7 +561,7 @@ def lost_store(env: DistEnv, exc: BaseException, cause: Optional[BaseException] 
     """The error of a rank whose store went away under it (`cause`: what had already failed before)."""
     return RendezvousError(
         f"rank {env.rank} lost the rendezvous store at {hostport(env.master_addr, env.master_port)} (world size "
-        f"{env.world_size}): {_first_line(exc)}{'; earlier: ' + _first_line(cause) if cause is not None else ''}. "
+        f"{env.world_size}): {first_line(exc)}{'; earlier: ' + first_line(cause) if cause is not None else ''}. "
         "The process hosting it (rank 0, torchrun's agent, or slurmdist run's store host) probably exited: see "
         "its log"
     )
@@ -574,7 +574,7 @@ _MESH_KEY = re.compile(r"timeout.*keys: \S*/pg/\S*/(\d+)\b")
 
 def _mesh_straggler(cause: BaseException) -> str:
     """For a gloo mesh that timed out waiting for a rank's address: which rank, and what that means."""
-    found = _MESH_KEY.search(_first_line(cause))
+    found = _MESH_KEY.search(first_line(cause))
     if found is None:
         return ""
     return (f" (rank {found.group(1)} checked in but never joined the gloo mesh: it exited or hung after "
@@ -599,7 +599,8 @@ def _get(store: Any, key: str) -> str:
     return store.get(key).decode()
 
 
-def _first_line(exc: Optional[BaseException]) -> str:
+def first_line(exc: Optional[BaseException]) -> str:
+    """The first line of an error's message (torch's run on with C++ frames), else its type's name."""
     text = str(exc).strip().splitlines()
     return text[0] if text else type(exc).__name__
 
@@ -671,17 +672,17 @@ def open_meeting(
             if not _store_closed(exc):
                 raise RendezvousError(
                     f"rank {env.rank} joined the rendezvous store at {where} but cannot use it (world size "
-                    f"{env.world_size}): {_first_line(exc)}. Is MASTER_PORT used by something else than this "
+                    f"{env.world_size}): {first_line(exc)}. Is MASTER_PORT used by something else than this "
                     "job's rank 0?"
                 ) from None
             closed = exc
         if deadline.expired():
             raise RendezvousError(
                 f"rank {env.rank} joined the rendezvous store at {where} but lost it, again and again for "
-                f"{deadline.seconds:.0f} s (world size {env.world_size}; last: {_first_line(closed)}): rank 0 "
+                f"{deadline.seconds:.0f} s (world size {env.world_size}; last: {first_line(closed)}): rank 0 "
                 "keeps restarting, or another program holds MASTER_PORT"
             )
-        log.debug("rank %d: the store at %s closed (%s); joining again", env.rank, where, _first_line(closed))
+        log.debug("rank %d: the store at %s closed (%s); joining again", env.rank, where, first_line(closed))
         time.sleep(min(next(pauses), deadline.remaining()))
 
 

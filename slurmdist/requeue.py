@@ -45,7 +45,7 @@ from types import FrameType
 from typing import Any, List, Mapping, Optional, Union
 
 from . import commands, procfs
-from .envvars import whole_number
+from .envvars import is_whole, whole_number
 from .errors import SlurmdistError
 
 log = logging.getLogger("slurmdist")
@@ -186,7 +186,7 @@ def restart_count(environ: Mapping[str, str]) -> int:
 def requeue_limit(value: Optional[int], environ: Mapping[str, str]) -> int:
     """The requeue limit: `value`, else SLURMDIST_MAX_REQUEUES, else 10."""
     if value is not None:
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        if not is_whole(value, 0):
             raise RequeueError(f"max_requeues={value!r} must be a whole number of requeues, 0 or more (0: never "
                                f"requeue; None: {MAX_REQUEUES_VARIABLE}, else {DEFAULT_MAX_REQUEUES})")
         return value
@@ -321,7 +321,7 @@ def install(
     environ = os.environ if environ is None else environ
     if rank is None:
         rank = launcher_rank(environ)
-    elif isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
+    elif not is_whole(rank, 0):
         raise RequeueError(f"rank={rank!r} must be this process's global rank, 0 or more (None: the launcher's)")
     return Preemption(parse_signal(sig, environ), requeue_limit(max_requeues, environ), rank).install()
 

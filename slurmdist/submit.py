@@ -39,7 +39,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optio
 from . import commands
 from .argv import command_words
 from .bounds import positive_seconds
-from .envvars import whole_number
+from .envvars import is_whole, whole_number
 from .errors import SlurmdistError
 from .requeue import RequeueError, Resumable, parse_signal, requeue_limit, signal_delay_problem, slurm_name
 from .sbatch_render import HAND_ON_CPUS_PER_TASK
@@ -204,7 +204,7 @@ class Resources:
         for name in ("nodes", "gpus_per_node", "tasks_per_node", "cpus_per_task", "signal_delay"):
             value = getattr(self, name)
             minimum = 0 if name in ("gpus_per_node", "signal_delay") else 1
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < minimum):
+            if value is not None and not is_whole(value, minimum):
                 raise SubmitError(f"{name}={value!r} must be a whole number >= {minimum}")
         if self.gpus_per_node and self.tasks_per_node not in (None, self.gpus_per_node):
             raise SubmitError(
