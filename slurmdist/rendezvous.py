@@ -119,9 +119,9 @@ def wait_listening(
             raise RendezvousError(
                 f"nothing listens at the rendezvous store {hostport(host, port)} after {deadline.seconds:.0f} s "
                 f"(world size {world_size}, last error: {last}): rank 0 has not started, crashed before "
-                f"it listened (in slurmdist.init() or slurmdist run), already gave up on ranks that came as late as this one (start every rank "
-                f"together, or give them a longer SLURMDIST_INIT_TIMEOUT), or MASTER_ADDR/MASTER_PORT point "
-                f"elsewhere{_ipv6_only_hint(candidates)}"
+                f"it listened (in slurmdist.init() or slurmdist run), already gave up on ranks that came as late "
+                f"as this one (start every rank together, or give them a longer SLURMDIST_INIT_TIMEOUT), or "
+                f"MASTER_ADDR/MASTER_PORT point elsewhere{_ipv6_only_hint(candidates)}"
             )
         time.sleep(min(next(pauses), deadline.remaining()))
 
