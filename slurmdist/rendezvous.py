@@ -68,7 +68,10 @@ def resolve_master(
     environ = os.environ if environ is None else environ
     deadline = Deadline(init_timeout(timeout, environ))
     if env.world_size == 1:
-        return env.replace(master_addr=env.master_addr or LOOPBACK, master_port=env.master_port or free_port())
+        # The one process meets itself: Slurm's node name (the first of the nodelist) may not be in DNS, and a
+        # torch env:// start would retry it until its own timeout. A MASTER_ADDR set by the user stays.
+        master_addr = env.master_addr if environ.get("MASTER_ADDR") else LOOPBACK
+        return env.replace(master_addr=master_addr, master_port=env.master_port or free_port())
     env = _slurm_master(env, environ, deadline)
     if env.master_addr is None or env.master_port is None:
         require_mpi_launcher(env)

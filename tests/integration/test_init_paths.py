@@ -198,6 +198,21 @@ def test_slurmdist_run_under_srun_exports_a_master_every_node_reaches(slurm_clus
     assert GLOO_FALLBACK not in result.stderr
 
 
+@pytest.mark.parametrize("start", ["slurmdist run", "env --format shell"])
+def test_a_one_task_step_meets_itself_on_loopback(slurm_cluster, start):
+    # `srun -n1`: the step's nodelist names node1, which is not in DNS; exported as the master, the command's
+    # env:// start retried it until torch's 30-minute timeout.
+    import shlex
+
+    python, worker = shlex.quote(PYTHON), shlex.quote(str(ALLREDUCE))
+    command = [PYTHON, "-m", "slurmdist", "run", "--", PYTHON, ALLREDUCE, "plain"] if start == "slurmdist run" \
+        else ["bash", "-c", f'eval "$({python} -m slurmdist env --format shell)" && exec {python} {worker} plain']
+    result = slurm_cluster.run(["srun", "-n1", *command], timeout=120, check=False,
+                               env={"SLURMDIST_INIT_TIMEOUT": "60"})
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert check_allreduce(result.stdout, 1, launcher="plain")[0]["master_addr"] == "127.0.0.1"
+
+
 def test_a_heterogeneous_step_forms_one_group(slurm_cluster):
     # Task 0 on node2, two tasks on node1: Slurm's sorted step nodelist starts with node1 and its layout
     # (2,1) is in name order, not task order.

@@ -12,7 +12,7 @@ from datetime import timedelta
 import pytest
 
 from slurmdist.detection import detect
-from slurmdist.distenv import DistEnv
+from slurmdist.distenv import LOOPBACK, DistEnv
 from slurmdist.errors import LaunchError, RendezvousError
 from slurmdist.launchers.slurm import hostfile_first_host
 from slurmdist.bounds import Deadline, init_timeout
@@ -291,7 +291,7 @@ def test_two_processes_with_one_rank_fail_every_rank_at_once_naming_it():
 ONE_PROGRAM = """
 import sys
 from slurmdist.bounds import Deadline
-from slurmdist.distenv import DistEnv
+from slurmdist.distenv import LOOPBACK, DistEnv
 from slurmdist.rendezvous import connect
 rank, port = int(sys.argv[1]), int(sys.argv[2])
 env = DistEnv("torchrun", rank, rank, 2, 2, 0, 1, "127.0.0.1", port, "7")
@@ -769,3 +769,13 @@ def test_the_mpi_init_bound_holds_in_a_process_with_many_files_open(tmp_path):
                           capture_output=True, text=True, timeout=60)
     # Ended by the watcher, saying why (the stub's MPI_Init alone sleeps 60 s, past this run's timeout).
     assert (proc.returncode, proc.stderr) == (-signal.SIGTERM, "MPI_Init bound hit\n")
+
+
+def test_one_process_meets_itself_on_loopback_unless_master_addr_is_set():
+    # `srun -n1 slurmdist run -- ...`: the nodelist's first name (node1) may not be in
+    # DNS, and the command's env:// start would retry it until torch's 30-minute timeout.
+    task = load_case("slurm/srun_n1")[0]
+    assert detect(task).world_size == 1 and detect(task).master_addr not in (None, LOOPBACK)
+    assert resolve_master(detect(task), environ=task, timeout=10).master_addr == LOOPBACK
+    chosen = {**task, "MASTER_ADDR": "10.1.2.3"}
+    assert resolve_master(detect(chosen), environ=chosen, timeout=10).master_addr == "10.1.2.3"

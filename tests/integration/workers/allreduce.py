@@ -57,6 +57,7 @@ def main() -> int:
         "host": os.uname().nodename,
         "node": [None if n is None else int(n) for n in nodes],  # [node rank, number of nodes]
         "gloo_interface": os.environ.get("GLOO_SOCKET_IFNAME"),
+        "master_addr": os.environ.get("MASTER_ADDR"),  # what a torchrun-style start was told
     }
     if mode != "plain" and os.environ.get("ALLREDUCE_TWICE") == "1":
         if rank == 0:
