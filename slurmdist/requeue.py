@@ -127,6 +127,10 @@ def parse_signal(spec: SignalSpec = None, environ: Optional[Mapping[str, str]] =
     if sig == signal.SIGTERM:  # the warning asks to requeue: scancel would then requeue the job, not end it
         raise RequeueError(f"{named} is also what scancel, a preemption and the time limit send, so a cancelled job "
                            "would requeue itself; use a signal that only the warning sends, e.g. USR2 (the default)")
+    if sig == signal.SIGCONT:  # sent just before that SIGTERM: taken as the warning, no checkpoint would follow
+        raise RequeueError(f"{named} is what Slurm sends just before the SIGTERM that ends a job (scancel, "
+                           "preemption, time limit), so the job would stop without saving; use a signal that only "
+                           "the warning sends, e.g. USR2 (the default)")
     return sig
 
 
@@ -218,7 +222,17 @@ def plan(environ: Mapping[str, str], limit: int, local_restarts: int = 0) -> Pla
     if done >= limit:
         return Plan(Action.GIVE_UP, job_id, f"job {job_id} was already requeued {done} times (limit {limit}; "
                                             f"raise it with max_requeues= or {MAX_REQUEUES_VARIABLE})")
+    job_id = _requeue_id(environ, job_id)
     return Plan(Action.SLURM_REQUEUE, job_id, command=["scontrol", "requeue", job_id])
+
+
+def _requeue_id(environ: Mapping[str, str], job_id: str) -> str:
+    """The id that names this job alone. An array element's SLURM_JOB_ID may equal SLURM_ARRAY_JOB_ID (the
+    element the array started with), which scontrol reads as the whole array: every element, finished ones
+    included, would be requeued. `ARRAY_JOB_TASK` names only this element."""
+    array_job = environ.get("SLURM_ARRAY_JOB_ID", "").strip()
+    task = environ.get("SLURM_ARRAY_TASK_ID", "").strip()
+    return f"{array_job}_{task}" if array_job and task else job_id
 
 
 # --- the signal handler and the requeue (side effects) --------------------------------------------------------
@@ -341,10 +355,14 @@ def _run_requeue(command: List[str]) -> None:
     except subprocess.TimeoutExpired:
         raise RequeueError(f"`{' '.join(command)}` did not answer within {REQUEUE_COMMAND_TIMEOUT:.0f}s") from None
     if proc.returncode != 0:
-        raise RequeueError(
-            f"`{' '.join(command)}` failed ({proc.returncode}): {proc.stderr.strip()}. The cluster may forbid "
-            "requeues (JobRequeue=0): submit with --requeue, or resubmit by hand to resume from the checkpoint"
-        )
+        said = proc.stderr.strip()
+        if "only batch jobs" in said.lower():  # started by srun or salloc, not sbatch
+            hint = ("Slurm requeues only jobs submitted with sbatch, and this one was started by srun or salloc: "
+                    "rerun it to resume from the checkpoint, or submit it with sbatch")
+        else:
+            hint = ("The cluster may forbid requeues (JobRequeue=0): submit with --requeue, or resubmit by hand to "
+                    "resume from the checkpoint")
+        raise RequeueError(f"`{' '.join(command)}` failed ({proc.returncode}): {said}. {hint}")
 
 
 @dataclass(frozen=True)

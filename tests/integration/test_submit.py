@@ -256,6 +256,39 @@ def test_a_submitted_command_that_requeues_itself_ends_with_its_requeued_run(clu
     assert history == ["REQUEUED", "COMPLETED"]
 
 
+ARRAY_ELEMENT = """
+import os, sys, time
+import slurmdist.requeue
+element, restarts = os.environ["SLURM_ARRAY_TASK_ID"], os.environ.get("SLURM_RESTART_COUNT", "0")
+with open(os.path.join(sys.argv[1], "runs-" + element), "a") as runs:
+    runs.write(restarts + "\\n")
+if element == "1" and restarts == "0":
+    preemption = slurmdist.requeue.install()
+    print("waiting", flush=True)
+    deadline = time.monotonic() + 100
+    while not preemption.requested and time.monotonic() < deadline:
+        time.sleep(0.1)
+    preemption.requeue()
+    time.sleep(100)
+"""
+
+
+def test_an_array_element_that_requeues_itself_leaves_the_other_elements_alone(cluster, tmp_path):
+    # Element 1's SLURM_JOB_ID is the array's own id, which `scontrol requeue` reads as every element: the
+    # finished element 0 ran again, and running elements were cancelled.
+    script = tmp_path / "element.py"
+    script.write_text(ARRAY_ELEMENT)
+    array_id = cluster.run(["sbatch", "--parsable", "--array=0-1", "-n1", "--time=5",
+                            f"--output={tmp_path}/%A_%a.out", f"--wrap=exec {PYTHON} {script} {tmp_path}"]).stdout.strip()
+    wait_for_line(tmp_path / f"{array_id}_1.out", "waiting")
+    assert run_history(cluster, f"{array_id}_0") == ["COMPLETED"]  # element 0 is done before 1 requeues
+    cluster.run(["scancel", "--full", "--signal=USR2", f"{array_id}_1"])
+    wait_for_line(tmp_path / "runs-1", "0\n1\n")
+    assert run_history(cluster, f"{array_id}_1") == ["REQUEUED", "COMPLETED"]
+    assert (tmp_path / "runs-0").read_text() == "0\n"  # one run only
+    assert run_history(cluster, f"{array_id}_0") == ["COMPLETED"]
+
+
 def test_a_preempted_command_leaves_no_result_that_passes_for_the_requeued_runs(cluster, tmp_path):
     # Preempted (SIGTERM, no warning), the command saves and exits 143. The task around it used to raise
     # "command exited with status 143", which submitit wrote as the job's result: once the requeued run was

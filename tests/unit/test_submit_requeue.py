@@ -11,8 +11,9 @@ import pytest
 
 from slurmdist.requeue import (
     LOCAL_MAX_RESTARTS, Action, LocalRestarts, Preemption, RequeueError, Resumable, install, local_restarts_file,
-    parse_signal, plan, requeue_limit, restart_count,
+    _run_requeue, parse_signal, plan, requeue_limit, restart_count,
 )
+from tests.conftest import load_case
 
 
 @pytest.mark.parametrize("spec, expected", [
@@ -50,6 +51,12 @@ def test_sigterm_is_refused_as_the_warning_since_scancel_sends_it_too(spec):
         parse_signal(spec)
     with pytest.raises(RequeueError, match="SLURMDIST_REQUEUE_SIGNAL='TERM' is also what scancel"):
         parse_signal(None, {"SLURMDIST_REQUEUE_SIGNAL": "TERM"})
+
+
+@pytest.mark.parametrize("spec", ["CONT", "SIGCONT", 18])
+def test_sigcont_is_refused_as_the_warning_since_slurm_sends_it_before_sigterm(spec):
+    with pytest.raises(RequeueError, match="just before the SIGTERM that ends a job"):
+        parse_signal(spec)
 
 
 def test_a_local_jobs_restarts_are_counted_as_a_slurm_jobs_requeues(tmp_path):
@@ -98,6 +105,25 @@ def test_plan_under_slurm_requeues_this_job():
     decision = plan({"SLURM_JOB_ID": "42", "SLURM_RESTART_COUNT": "1"}, limit=3)
     assert decision.action is Action.SLURM_REQUEUE
     assert decision.command == ["scontrol", "requeue", "42"]
+
+
+def test_plan_requeues_an_array_element_alone():
+    # The element whose SLURM_JOB_ID is the array's own id (7): `scontrol requeue 7` means every element.
+    for element in load_case("slurm/sbatch_array_srun"):
+        decision = plan(element, limit=3)
+        named = f"{element['SLURM_ARRAY_JOB_ID']}_{element['SLURM_ARRAY_TASK_ID']}"
+        assert decision.command == ["scontrol", "requeue", named] and decision.job_id == named
+
+
+def test_a_job_slurm_cannot_requeue_because_srun_started_it_is_told_so():
+    # scontrol's own words for a job started by srun or salloc (captured on the local cluster).
+    refusal = "import sys; sys.stderr.write('Only batch jobs are accepted or processed for job 5'); sys.exit(1)"
+    with pytest.raises(RequeueError) as caught:
+        _run_requeue([sys.executable, "-c", refusal])
+    assert "Only batch jobs" in str(caught.value) and "submit it with sbatch" in str(caught.value)
+    assert "JobRequeue=0" not in str(caught.value)
+    with pytest.raises(RequeueError, match="JobRequeue=0"):
+        _run_requeue([sys.executable, "-c", "import sys; sys.stderr.write('Requested operation is disabled'); sys.exit(1)"])
 
 
 def test_plan_gives_up_after_the_limit_and_outside_slurm():
