@@ -134,12 +134,15 @@ def parse_signal(spec: SignalSpec = None, environ: Optional[Mapping[str, str]] =
     return sig
 
 
-def signal_delay_problem(delay: int, minutes: int, *, what: str, within: str, time_name: str,
+def signal_delay_problem(delay: int, minutes: Optional[int], *, what: str, within: str, time_name: str,
                          delay_name: str) -> Optional[str]:
-    """What is wrong with a warning `delay` seconds before a `minutes`-minute time limit, or None. The other
-    arguments name the options, as the caller's user wrote them (`what`: the delay, `within`: the limit)."""
+    """What is wrong with a warning `delay` seconds before a `minutes`-minute time limit (None: no limit), or
+    None. The other arguments name the options, as the caller's user wrote them (`what`: the delay, `within`:
+    the limit)."""
     if delay > MAX_SIGNAL_DELAY:
         return f"{what} is more than Slurm's --signal accepts ({MAX_SIGNAL_DELAY} s)"
+    if minutes is None:  # nothing to warn before
+        return None
     # Slurm may send the warning up to a minute early: a job warned at its start would requeue forever.
     longest = minutes * 60 - SIGNAL_EARLY - 1
     if delay <= longest:

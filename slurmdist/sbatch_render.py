@@ -135,14 +135,15 @@ def validate(spec: JobSpec) -> JobSpec:
 def _check_signal_delay(spec: JobSpec, typed: str) -> None:
     """The warning must come after the job started, and Slurm's --signal takes at most 65535 s. A job warned as
     it starts saves, requeues, is warned again: requeued until its limit of requeues."""
-    if not spec.signal or re.fullmatch(r"[0:-]+", spec.time):  # 0, 00:00:00, 0-0: no limit, nothing to warn before
+    if not spec.signal:
         return
     from .requeue import signal_delay_problem
     from .submit import SubmitError, parse_time
 
     _, delay = _warning_of(spec.signal)
     try:
-        minutes = parse_time(spec.time)  # in whole minutes, rounded up, as Slurm keeps the limit (00:03:01: 4)
+        # In whole minutes, rounded up, as Slurm keeps the limit (00:03:01: 4); 0, 00:00:00, 0-0: no limit.
+        minutes = None if re.fullmatch(r"[0:-]+", spec.time) else parse_time(spec.time)
     except SubmitError:  # its message names Python's time=, not this option
         raise SbatchError(f"--time {spec.time!r} is not a time limit Slurm takes: use MINUTES, HH:MM:SS or "
                           "D-HH:MM:SS") from None

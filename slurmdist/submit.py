@@ -168,7 +168,8 @@ def _slurm_time_minutes(text: str) -> float:
 
 
 def parse_mem(value: Union[int, float, str]) -> str:
-    """Memory per node for ``--mem``: a number is GiB (``32`` -> ``'32G'``); strings such as '500M' pass."""
+    """Memory per node for ``--mem``: a number is GiB (``32`` -> ``'32G'``); strings such as '500M' pass, and
+    a string without a unit is refused (a config file's "32" would be 32 MB to sbatch, 32 GiB as a number)."""
     if isinstance(value, bool):
         raise SubmitError(f"mem={value!r} is not an amount of memory")
     if isinstance(value, (int, float)):
@@ -176,6 +177,9 @@ def parse_mem(value: Union[int, float, str]) -> str:
             raise SubmitError(f"mem={value!r} must be a positive, finite amount (GiB)")
         return f"{int(value)}G" if float(value).is_integer() else f"{math.ceil(value * 1024)}M"
     text = str(value).strip()
+    if text.isdigit() and text.isascii() and int(text) != 0:  # "0": sbatch's "all of the node's memory"
+        raise SubmitError(f"mem={value!r} has no unit: sbatch reads a bare number as megabytes, while mem={text} "
+                          f"(a number) means {text} GiB. Write the unit, e.g. '{text}G' or '{text}M'")
     if not _MEM.fullmatch(text):
         raise SubmitError(f"mem={value!r} is not a Slurm memory size such as 32G or 500M (whole numbers; a "
                           "Python number such as 1.5 is taken as GiB)")
@@ -395,9 +399,9 @@ class Submitter:
         return self._executor
 
     def with_options(self, **changes: Any) -> "Submitter":
-        """A copy with some resources changed: ``submitter.with_options(nodes=1)``."""
+        """A copy with some resources (or its folder, cluster, python) changed: ``submitter.with_options(nodes=1)``."""
         fields = {f: getattr(self.resources, f) for f in self.resources.__dataclass_fields__}
-        return Submitter(folder=self.folder, cluster=self.cluster, python=self.python, **{**fields, **changes})
+        return Submitter(**{"folder": self.folder, "cluster": self.cluster, "python": self.python, **fields, **changes})
 
     def submit(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Run ``fn(*args, **kwargs)`` in every task of one job; returns the submitit job."""
@@ -563,8 +567,9 @@ def is_local(job: Any) -> bool:
 
 
 def stop_command(job: Any) -> str:
-    """The shell command that stops `job`: a local job's id is its controller's pid."""
-    return f"kill {job.job_id}" if is_local(job) else f"scancel {job.job_id}"
+    """The shell command that stops `job`: a local job's id is its controller's pid, which forwards SIGTERM to
+    the tasks, where submitit ignores it; SIGINT (what submitit's own cancel() sends) ends them."""
+    return f"kill -INT {job.job_id}" if is_local(job) else f"scancel {job.job_id}"
 
 
 def job_state(job: Any, environ: Optional[Mapping[str, str]] = None, timeout: float = SLURM_CALL_TIMEOUT) -> str:

@@ -453,14 +453,36 @@ def test_ctrl_c_stops_following_not_the_job_and_says_so(tmp_path):
         wait_for_line(tmp_path / job_id / f"{job_id}_0_log.out", "started")
         follower.send_signal(signal.SIGINT)
         assert follower.wait(timeout=30) == 130, err.read_text()
-        said = f"stopped following job {job_id}; it keeps running (`kill {job_id}` to stop it)"
-        assert said in err.read_text(), err.read_text()
+        said = re.search(rf"stopped following job {job_id}; it keeps running \(`([^`]+)` to stop it\)", err.read_text())
+        assert said, err.read_text()
         os.kill(int(job_id), 0)  # the job is still there
+        subprocess.run(said.group(1), shell=True, check=True, timeout=10)  # ... until told as it says
+        wait_until_gone(int(job_id), timeout=20)
     finally:
         follower.kill()
         if job_id is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(int(job_id), signal.SIGTERM)
+
+
+def test_a_local_function_job_stops_when_told_as_the_timeout_says(tmp_path):
+    # submitit's task ignores SIGTERM, and its controller only forwards it: a plain `kill PID` left it running.
+    from slurmdist.submit import JobTimeoutError, Submitter, wait
+
+    job = Submitter(tasks_per_node=1, time=5, folder=tmp_path / "%j", cluster="local").submit(time.sleep, 60)
+    with pytest.raises(JobTimeoutError) as timed_out:
+        wait(job, timeout=1, poll=0.1)
+    stop = re.search(r"`([^`]+)` to stop it", str(timed_out.value))
+    assert stop, timed_out.value
+    subprocess.run(stop.group(1), shell=True, check=True, timeout=10)
+    wait_until_gone(int(job.job_id), timeout=20)
+
+
+def wait_until_gone(pid: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while os.path.exists(f"/proc/{pid}") and "zombie" not in Path(f"/proc/{pid}/status").read_text(errors="replace"):
+        assert time.monotonic() < deadline, f"process {pid} still runs {timeout:.0f} s after it was told to stop"
+        time.sleep(0.1)
 
 
 def children_of(pid: int) -> list:

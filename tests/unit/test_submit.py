@@ -38,9 +38,19 @@ def test_parse_time_rejects_what_is_not_a_duration(value):
 
 
 @pytest.mark.parametrize("value, text", [(32, "32G"), (1.5, "1536M"), ("500m", "500M"), ("64GB", "64GB"),
-                                         ("500kb", "500KB"), ("4096", "4096")])
+                                         ("500kb", "500KB"), ("0", "0")])  # "0": all of the node's memory
 def test_parse_mem(value, text):
     assert parse_mem(value) == text
+
+
+@pytest.mark.parametrize("value", ["4096", " 32 "])
+def test_a_memory_string_without_a_unit_is_refused_as_ambiguous(value):
+    # sbatch reads "32" as 32 MB, and mem=32 (a number) means 32 GiB: a value read from a config file or an
+    # environment variable would get the wrong one.
+    with pytest.raises(SubmitError, match=f"mem={value!r} has no unit.*e.g. '{value.strip()}G'"):
+        parse_mem(value)
+    with pytest.raises(SubmitError, match="has no unit"):
+        Submitter(mem=value)
 
 
 @pytest.mark.parametrize("value", [0, "lots", "32G; rm -rf /", False, "1.5G", "500B", "500b", float("nan"),
@@ -613,7 +623,7 @@ def test_a_local_jobs_timeout_says_how_to_stop_it_there():
         def task(self, index):
             return SimpleNamespace(paths=SimpleNamespace(result_pickle=Path("/nonexistent/8197_0_result.pkl")))
 
-    with pytest.raises(submit.JobTimeoutError, match="`kill 8197` to stop it"):
+    with pytest.raises(submit.JobTimeoutError, match="`kill -INT 8197` to stop it"):
         submit.wait(LocalJob(), timeout=0.1, poll=0.05)
 
 
@@ -658,3 +668,13 @@ def test_wait_bounds_are_checked_before_the_job_is_asked(arguments, message):
     job = SimpleNamespace(job_id="1")  # never reached: the bounds are checked first
     with pytest.raises(SubmitError, match=message):
         results(job, **arguments)
+
+
+def test_with_options_copies_a_submitter_with_some_arguments_changed(tmp_path):
+    base = Submitter(nodes=2, gpus_per_node=4, time=30, folder=tmp_path / "a", cluster="local", python="python3")
+    copy = base.with_options(nodes=1, folder=tmp_path / "b")
+    assert (copy.resources.nodes, copy.resources.gpus_per_node, copy.resources.time) == (1, 4, 30)
+    assert (copy.folder, copy.cluster, copy.python) == (tmp_path / "b", "local", "python3")
+    assert base.resources.nodes == 2 and base.folder == tmp_path / "a"  # the original is unchanged
+    with pytest.raises(SubmitError, match="nodes=0 must be a whole number >= 1"):
+        base.with_options(nodes=0)
