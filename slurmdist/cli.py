@@ -118,7 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Exec CMD with RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT "
         "set from the detected launcher, so a torchrun-style script runs unchanged under srun or mpirun: "
         "`srun slurmdist run -- python train.py`. On rank 0 a small process serves the rendezvous store "
-        "from the start, as torchrun's agent does (TORCHELASTIC_USE_AGENT_STORE=True tells the command).",
+        "from the start, as torchrun's agent does (TORCHELASTIC_USE_AGENT_STORE=True tells the command). "
+        "Start it with `srun --kill-on-bad-exit=1`: a rank that gives up (exit 2) then ends the step, where rank "
+        "0's command, plain torch, would wait for it for torch's own timeout.",
     )
     run.add_argument("--timeout", type=float, default=None,
                      help="seconds for the agreement on the master over MPI, for the store host to start "
