@@ -69,6 +69,15 @@ SIGNAL_EARLY = 60  # seconds Slurm may send the warning ahead of the asked time 
 
 SignalSpec = Union[str, int, signal.Signals, None]
 UNCATCHABLE = frozenset({signal.SIGKILL, signal.SIGSTOP})
+# Signals Slurm sends a job it ends (scancel, preemption, time limit), refused as the warning, and why.
+SENT_WHEN_ENDING = {
+    # The warning asks to requeue: scancel would then requeue the job, not end it.
+    signal.SIGTERM: "is also what scancel, a preemption and the time limit send, so a cancelled job would requeue "
+                    "itself",
+    # Sent just before that SIGTERM: taken as the warning, it puts SIGTERM back to fatal before any save.
+    signal.SIGCONT: "is what Slurm sends just before the SIGTERM that ends a job (scancel, preemption, time limit), "
+                    "so the job would stop without saving",
+}
 
 
 __all__ = ["RequeueError", "Preemption", "Resumable", "install", "restart_count"]
@@ -124,13 +133,9 @@ def parse_signal(spec: SignalSpec = None, environ: Optional[Mapping[str, str]] =
             ) from None
     if sig in UNCATCHABLE:
         raise RequeueError(f"{named} cannot be caught, so no checkpoint could follow it; use e.g. USR2")
-    if sig == signal.SIGTERM:  # the warning asks to requeue: scancel would then requeue the job, not end it
-        raise RequeueError(f"{named} is also what scancel, a preemption and the time limit send, so a cancelled job "
-                           "would requeue itself; use a signal that only the warning sends, e.g. USR2 (the default)")
-    if sig == signal.SIGCONT:  # sent just before that SIGTERM: taken as the warning, no checkpoint would follow
-        raise RequeueError(f"{named} is what Slurm sends just before the SIGTERM that ends a job (scancel, "
-                           "preemption, time limit), so the job would stop without saving; use a signal that only "
-                           "the warning sends, e.g. USR2 (the default)")
+    if sig in SENT_WHEN_ENDING:
+        raise RequeueError(f"{named} {SENT_WHEN_ENDING[sig]}; use a signal that only the warning sends, e.g. USR2 "
+                           "(the default)")
     return sig
 
 
@@ -230,9 +235,9 @@ def plan(environ: Mapping[str, str], limit: int, local_restarts: int = 0) -> Pla
 
 
 def _requeue_id(environ: Mapping[str, str], job_id: str) -> str:
-    """The id that names this job alone. An array element's SLURM_JOB_ID may equal SLURM_ARRAY_JOB_ID (the
-    element the array started with), which scontrol reads as the whole array: every element, finished ones
-    included, would be requeued. `ARRAY_JOB_TASK` names only this element."""
+    """The id that names this job alone. One element of an array has SLURM_JOB_ID equal to SLURM_ARRAY_JOB_ID
+    (the array's own record: element 1 of 0-1 on the local cluster), which scontrol reads as the whole array:
+    every element, finished ones included, would be requeued. `ARRAYJOB_TASK` names only this element."""
     array_job = environ.get("SLURM_ARRAY_JOB_ID", "").strip()
     task = environ.get("SLURM_ARRAY_TASK_ID", "").strip()
     return f"{array_job}_{task}" if array_job and task else job_id

@@ -177,12 +177,13 @@ def parse_mem(value: Union[int, float, str]) -> str:
             raise SubmitError(f"mem={value!r} must be a positive, finite amount (GiB)")
         return f"{int(value)}G" if float(value).is_integer() else f"{math.ceil(value * 1024)}M"
     text = str(value).strip()
-    if text.isdigit() and text.isascii() and int(text) != 0:  # "0": sbatch's "all of the node's memory"
-        raise SubmitError(f"mem={value!r} has no unit: sbatch reads a bare number as megabytes, while mem={text} "
-                          f"(a number) means {text} GiB. Write the unit, e.g. '{text}G' or '{text}M'")
-    if not _MEM.fullmatch(text):
+    size = _MEM.fullmatch(text)
+    if not size:
         raise SubmitError(f"mem={value!r} is not a Slurm memory size such as 32G or 500M (whole numbers; a "
                           "Python number such as 1.5 is taken as GiB)")
+    if size.group(1) is None and text.strip("0"):  # "0": sbatch's "all of the node's memory"
+        raise SubmitError(f"mem={value!r} has no unit: sbatch reads a bare number as megabytes, while mem={text} "
+                          f"(a number) means {text} GiB. Write the unit, e.g. '{text}G' or '{text}M'")
     return text.upper()
 
 
@@ -401,7 +402,8 @@ class Submitter:
     def with_options(self, **changes: Any) -> "Submitter":
         """A copy with some resources (or its folder, cluster, python) changed: ``submitter.with_options(nodes=1)``."""
         fields = {f: getattr(self.resources, f) for f in self.resources.__dataclass_fields__}
-        return Submitter(**{"folder": self.folder, "cluster": self.cluster, "python": self.python, **fields, **changes})
+        options = {"folder": self.folder, "cluster": self.cluster, "python": self.python, **fields}
+        return Submitter(**{**options, **changes})
 
     def submit(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Run ``fn(*args, **kwargs)`` in every task of one job; returns the submitit job."""

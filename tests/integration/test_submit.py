@@ -278,8 +278,9 @@ def test_an_array_element_that_requeues_itself_leaves_the_other_elements_alone(c
     # finished element 0 ran again, and running elements were cancelled.
     script = tmp_path / "element.py"
     script.write_text(ARRAY_ELEMENT)
-    array_id = cluster.run(["sbatch", "--parsable", "--array=0-1", "-n1", "--time=5",
-                            f"--output={tmp_path}/%A_%a.out", f"--wrap=exec {PYTHON} {script} {tmp_path}"]).stdout.strip()
+    submitted = cluster.run(["sbatch", "--parsable", "--array=0-1", "-n1", "--time=5",
+                             f"--output={tmp_path}/%A_%a.out", f"--wrap=exec {PYTHON} {script} {tmp_path}"])
+    array_id = submitted.stdout.strip()
     wait_for_line(tmp_path / f"{array_id}_1.out", "waiting")
     assert run_history(cluster, f"{array_id}_0") == ["COMPLETED"]  # element 0 is done before 1 requeues
     cluster.run(["scancel", "--full", "--signal=USR2", f"{array_id}_1"])

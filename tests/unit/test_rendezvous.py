@@ -291,7 +291,7 @@ def test_two_processes_with_one_rank_fail_every_rank_at_once_naming_it():
 ONE_PROGRAM = """
 import sys
 from slurmdist.bounds import Deadline
-from slurmdist.distenv import LOOPBACK, DistEnv
+from slurmdist.distenv import DistEnv
 from slurmdist.rendezvous import connect
 rank, port = int(sys.argv[1]), int(sys.argv[2])
 env = DistEnv("torchrun", rank, rank, 2, 2, 0, 1, "127.0.0.1", port, "7")
@@ -772,8 +772,8 @@ def test_the_mpi_init_bound_holds_in_a_process_with_many_files_open(tmp_path):
 
 
 def test_one_process_meets_itself_on_loopback_unless_master_addr_is_set():
-    # `srun -n1 slurmdist run -- ...`: the nodelist's first name (node1) may not be in
-    # DNS, and the command's env:// start would retry it until torch's 30-minute timeout.
+    # `srun -n1 slurmdist run -- ...`: the nodelist's first name (node1) may not be in DNS, and the command's
+    # env:// start would retry it until torch's 30-minute timeout.
     task = load_case("slurm/srun_n1")[0]
     assert detect(task).world_size == 1 and detect(task).master_addr not in (None, LOOPBACK)
     assert resolve_master(detect(task), environ=task, timeout=10).master_addr == LOOPBACK

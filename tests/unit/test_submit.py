@@ -43,7 +43,7 @@ def test_parse_mem(value, text):
     assert parse_mem(value) == text
 
 
-@pytest.mark.parametrize("value", ["4096", " 32 "])
+@pytest.mark.parametrize("value", ["4096", " 32 ", "7" * 5000])  # past int()'s 4300 digits too
 def test_a_memory_string_without_a_unit_is_refused_as_ambiguous(value):
     # sbatch reads "32" as 32 MB, and mem=32 (a number) means 32 GiB: a value read from a config file or an
     # environment variable would get the wrong one.

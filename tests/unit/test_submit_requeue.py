@@ -122,8 +122,9 @@ def test_a_job_slurm_cannot_requeue_because_srun_started_it_is_told_so():
         _run_requeue([sys.executable, "-c", refusal])
     assert "Only batch jobs" in str(caught.value) and "submit it with sbatch" in str(caught.value)
     assert "JobRequeue=0" not in str(caught.value)
+    disabled = "import sys; sys.stderr.write('Requested operation is disabled'); sys.exit(1)"
     with pytest.raises(RequeueError, match="JobRequeue=0"):
-        _run_requeue([sys.executable, "-c", "import sys; sys.stderr.write('Requested operation is disabled'); sys.exit(1)"])
+        _run_requeue([sys.executable, "-c", disabled])
 
 
 def test_plan_gives_up_after_the_limit_and_outside_slurm():
