@@ -223,7 +223,7 @@ def rank0_keys(store: Any, base: str, deadline: Deadline) -> Optional[Keys]:
     arrived."""
     keys = None
     try:
-        state = store.get(state_key(base)).decode()
+        state = _rank0_state(store, base, deadline)
         if state == STORE_CLOSING:  # rank 0 has left this store for a new one: see `announce_closing`
             return None
         keys = _keys_of(state, base)
@@ -236,6 +236,58 @@ def rank0_keys(store: Any, base: str, deadline: Deadline) -> Optional[Keys]:
         if _store_closed(exc):
             return None
         raise
+
+
+# Where rank 0 writes whose store it serves (its `run_prefix`), and how long a rank joining it waits for rank 0's
+# state before it reads that: rank 0 writes its state as soon as it listens, so a store still without it by then
+# is likely another run's (two job steps given one MASTER_PORT), which rank 0 of this run could not listen beside.
+OWNER_KEY = "slurmdist/owner"
+OWNER_CHECK_AFTER = 2.0
+
+
+class ForeignStore(Exception):
+    """The store at the master port is another run's: `owner` is that run's `run_prefix`."""
+
+    def __init__(self, owner: str) -> None:
+        super().__init__(owner)
+        self.owner = owner
+
+
+def _rank0_state(store: Any, base: str, deadline: Deadline) -> str:
+    """Rank 0's state under `base`, waited for within the deadline; raises `ForeignStore` for a store whose owner
+    is another run. The owner is read only when the state is late, so the usual join costs no extra round trip."""
+    if deadline.remaining() <= OWNER_CHECK_AFTER:
+        return _get(store, state_key(base))
+    store.set_timeout(timedelta(seconds=OWNER_CHECK_AFTER))
+    try:
+        return _get(store, state_key(base))
+    except RuntimeError as exc:
+        if not _is_timeout(exc):
+            raise
+    finally:
+        store.set_timeout(timedelta(seconds=deadline.remaining()))
+    if store.check([OWNER_KEY]):  # else not a slurmdist rank 0's store (or an older slurmdist's): wait on
+        owner = _get(store, OWNER_KEY)
+        if not same_run(owner, base):
+            raise ForeignStore(owner)
+    return _get(store, state_key(base))
+
+
+def same_run(base: str, other: str) -> bool:
+    """Whether two `run_prefix` values are one run's, maybe different groups of it (after `shutdown()`)."""
+    return base.rpartition("/")[0] == other.rpartition("/")[0]
+
+
+def describe_run(base: str) -> str:
+    """A `run_prefix` in words: 'job 87353 step 1'; anything else as it is."""
+    if not base.startswith("slurmdist/"):
+        return repr(base)
+    job, step, run_id, restart = (base.split("/") + ["-"] * 5)[1:5]
+    words = ["no Slurm job" if job == "nojob" else f"job {job}"]
+    words += [f"step {step}"] if step != "-" else []
+    words += [f"torchrun run {run_id}"] if run_id != "-" else []
+    words += [f"restart {restart}"] if restart != "-" else []
+    return " ".join(words)
 
 
 # What rank 0 writes, on a store it stops serving, under the state key of the group it forms next.
@@ -334,6 +386,7 @@ def current_keys(store: Any, base: str, world_size: int, served_here: bool = Fal
     wait for it (`rank0_keys`): a plain set, which wakes them on every torch (see `publish_once`)."""
     if served_here:
         store.set(state_key(base), f"0 {world_size}")
+        store.set(OWNER_KEY, base)  # after the state, which the others wait for
         return Keys(base, 0, world_size)
     return _keys_of(store.compare_set(state_key(base), "", f"0 {world_size}").decode(), base)
 
@@ -671,6 +724,14 @@ def open_meeting(
             if found is not None:
                 return store, peer, found
             closed: BaseException = RuntimeError("it closed before rank 0 checked in there")
+        except ForeignStore as foreign:
+            raise RendezvousError(
+                f"rank {env.rank}: the rendezvous store at {where} is another run's ({describe_run(foreign.owner)}; "
+                f"this is {describe_run(base)}, world size {env.world_size}): two runs use port {port} at once, and "
+                "this run's rank 0 cannot listen there. Give each job step that runs beside another its own "
+                "MASTER_PORT (or leave MASTER_PORT unset: slurmdist derives one per job step), else set it to a "
+                "free port"
+            ) from None
         except RuntimeError as exc:
             if not _store_closed(exc):
                 raise RendezvousError(

@@ -19,7 +19,9 @@ from typing import Dict, List, Optional
 
 import pytest
 
+from slurmdist.hosts import free_port
 from slurmdist.process_group import watchdog_grace
+from slurmdist.rendezvous import OWNER_CHECK_AFTER
 from tests.conftest import unresolved
 from tests.integration.cluster import PYTHON, REPO, TRAIN_PY, train_reference
 
@@ -235,6 +237,51 @@ def test_two_srun_steps_at_once_in_one_allocation(slurm_cluster, tmp_path, relia
                        f"exit {proc.returncode}; ranks ok per step {ok}; master ports {ports_used(out)}")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert ok == [2, 2] and len(ports_used(out)) == 2
+
+
+# Run inside `salloc -N2 -n4` with MASTER_PORT exported, as a job script that exports one for every step: step 0
+# runs, then step 1 starts beside it on the same port.
+SHARED_PORT_STEPS = """
+import os, subprocess, sys, time
+from pathlib import Path
+*worker, out = sys.argv[1:]
+out = Path(out)
+first = subprocess.Popen(["srun", "--overlap", "-N2", "-n2", *worker, "--steps", "400", str(out / "step0")])
+end = time.monotonic() + 120
+while not (out / "step0" / "ready0").exists() and time.monotonic() < end:  # step 0's rank 0 serves its store
+    time.sleep(0.1)
+(out / "step1-started").write_text(str(time.time()))
+second = subprocess.run(["srun", "--overlap", "-N2", "-n2", "--kill-on-bad-exit=0", *worker, str(out / "step1")],
+                        timeout=150)
+first.wait(timeout=150)
+sys.exit(second.returncode)
+"""
+
+
+def test_two_steps_at_once_given_one_master_port(slurm_cluster, tmp_path, reliability_record):
+    # Step 1's rank 0 cannot listen beside step 0's; its rank 1 reaches step 0's store and is told whose it is
+    # within seconds, not at its timeout. Step 0 trains on undisturbed.
+    out = tmp_path / "out"
+    init_timeout = 60
+    env = timeouts(MASTER_PORT=str(free_port()), SLURMDIST_INIT_TIMEOUT=str(init_timeout))
+    proc = slurm_cluster.run(["salloc", "-N2", "-n4", PYTHON, "-c", SHARED_PORT_STEPS, PYTHON, FAULT_WORKER, out],
+                             timeout=RUN_TIMEOUT, check=False, env=env)
+    said = proc.stdout + proc.stderr
+    first, second = reports(out / "step0", 2), reports(out / "step1", 2)
+    started = float((out / "step1-started").read_text())
+    detect = max(r["end"] for r in second.values()) - started if sorted(second) == [0, 1] else None
+    reliability_record("two srun steps at once given one exported MASTER_PORT",
+                       "salloc -N2 -n4; 2 x srun --overlap -N2 -n2, the second while the first trains",
+                       "shared MASTER_PORT", detect,
+                       f"step 0 ranks ok: {sum(r['outcome'] == 'ok' for r in first.values())}; step 1 "
+                       + summarize(second, [0, 1]) + " / rank 1: "
+                       f"\"{second.get(1, {}).get('message', '')[:120]}\"")
+    assert [r["outcome"] for r in first.values()] == ["ok", "ok"], said
+    assert sorted(second) == [0, 1] and all(r["outcome"] == "error" for r in second.values()), said
+    assert "cannot listen on the rendezvous port" in second[0]["message"]
+    assert re.search(r"rank 1: the rendezvous store at \S+ is another run's \(job \d+ step 0; this is job \d+ step 1",
+                     second[1]["message"]), second[1]["message"]
+    assert detect is not None and detect < OWNER_CHECK_AFTER + MARGIN < init_timeout
 
 
 def test_two_jobs_share_a_node(slurm_cluster, tmp_path, reliability_record):

@@ -19,8 +19,9 @@ from slurmdist.bounds import Deadline, init_timeout
 from slurmdist.hosts import addresses, hostfile_master, hostport, names_this_host, resolve_host, strip_brackets
 from slurmdist.mpi_share import mpi_comm
 from slurmdist.rendezvous import (
-    STORE_CLOSING, Keys, announce_closing, compress_ranks, connect, current_keys, open_store, rank0_keys,
-    resolve_master, run_prefix, state_key, store_stopped_answering, wait_listening,
+    OWNER_CHECK_AFTER, OWNER_KEY, STORE_CLOSING, Keys, announce_closing, compress_ranks, connect, current_keys,
+    describe_run, open_store, rank0_keys, resolve_master, run_prefix, same_run, state_key, store_stopped_answering,
+    wait_listening,
 )
 from tests.conftest import load_case, missing_prerequisite, unresolved
 
@@ -574,6 +575,57 @@ def test_a_rank_waiting_at_a_store_that_stays_open_joins_again_when_rank_0_annou
     assert answer == [None] and time.monotonic() - started < 5
     assert served.get(state_key("job/1")) == STORE_CLOSING.encode()  # the store itself still serves
     assert served.timeout == timedelta(seconds=30)  # the old group's waits keep their own bound
+
+
+def slurm_step(rank, world, port, step):
+    """Rank `rank` of srun step `step` of job 7 on one node, and its environ."""
+    return DistEnv("slurm", rank, rank, world, world, 0, 1, "127.0.0.1", port, "7"), {"SLURM_STEP_ID": str(step)}
+
+
+def test_a_rank_that_joined_another_steps_store_is_told_so_at_once():
+    # Two concurrent steps given one MASTER_PORT: step 0's rank 0 serves there, step 1's cannot listen beside it,
+    # and step 1's other ranks reach step 0's store, where their rank 0 never comes.
+    port = free_port()
+    env, environ = slurm_step(0, 2, port, 0)
+    first = connect(env, Deadline(60), environ)
+    env, environ = slurm_step(1, 4, port, 1)
+    started = time.monotonic()
+    with pytest.raises(RendezvousError) as raised:
+        connect(env, Deadline(60), environ)
+    assert time.monotonic() - started < OWNER_CHECK_AFTER + 10  # not the 60 s timeout
+    said = str(raised.value)
+    assert f"rank 1: the rendezvous store at 127.0.0.1:{port} is another run's (job 7 step 0; this is job 7 step 1" \
+        in said, said
+    assert f"two runs use port {port} at once" in said and "its own MASTER_PORT" in said
+    del first  # served until here
+
+
+def test_a_rank_at_its_own_runs_earlier_store_waits_there_past_the_owner_check():
+    # After shutdown() a fast rank can reach the store rank 0 served for the group before: the same run, not
+    # another's. It waits for rank 0's word there, as before the owner was written.
+    import torch.distributed as dist
+
+    port = free_port()
+    served = dist.TCPStore("127.0.0.1", port, None, True, timedelta(seconds=30), wait_for_workers=False)
+    served.set(OWNER_KEY, "slurmdist/7/0/-/-/0")
+    joined = dist.TCPStore("127.0.0.1", port, None, False, timedelta(seconds=30))
+    answer = []
+    reader = threading.Thread(target=lambda: answer.append(rank0_keys(joined, "slurmdist/7/0/-/-/1", Deadline(30))))
+    reader.start()
+    reader.join(OWNER_CHECK_AFTER + 1)
+    assert reader.is_alive() and answer == []  # past the owner check, still waiting
+    announce_closing(served, "slurmdist/7/0/-/-/1")
+    reader.join(20)
+    assert answer == [None]
+
+
+def test_runs_are_told_apart_and_named():
+    assert same_run("slurmdist/7/0/-/-/0", "slurmdist/7/0/-/-/3")
+    assert not same_run("slurmdist/7/0/-/-/0", "slurmdist/7/1/-/-/0")
+    assert not same_run("slurmdist/7/0/-/-/0", "slurmdist/8/0/-/-/0")
+    assert describe_run("slurmdist/7/1/-/-/0") == "job 7 step 1"
+    assert describe_run("slurmdist/nojob/-/abc/2/0") == "no Slurm job torchrun run abc restart 2"
+    assert describe_run("junk") == "'junk'"
 
 
 def test_a_rank_0_that_never_writes_its_state_leaves_attempt_0_to_report_it_missing(agent_store):
