@@ -17,6 +17,7 @@ the store host, which waits for the command.
 
 from __future__ import annotations
 
+import fcntl
 import importlib.util
 import os
 import signal
@@ -24,7 +25,7 @@ import socket
 import sys
 import threading
 import time
-from typing import List, Mapping, Optional, Sequence, Tuple
+from typing import List, Mapping, Optional, Sequence
 
 from . import store_server
 from .bounds import DEFAULT_TIMEOUT, readable_within
@@ -49,26 +50,34 @@ def start(listener: socket.socket, world_size: int, serve_within: float) -> None
     """Start the store host on `listener`, watching this process (the command exec'd next keeps its pid), and
     close this process's copies (the command must not hold the port: if the host dies, clients should see a
     refused connection, not a silent listener). A host not serving after `serve_within` seconds gives up."""
-    watched, pidfd = _watch_this_process()
+    pidfd = _pidfd_of_this_process()
+    # The host gets copies numbered 3 and up: in a task started with stdin or stdout closed, the socket or the
+    # pidfd got 0 or 1, which the detach step points at /dev/null before the host starts.
+    sent = [_above_stdio(listener.fileno())] + ([_above_stdio(pidfd)] if pidfd is not None else [])
+    watched = f"pidfd:{sent[1]}" if pidfd is not None else f"pid:{os.getpid()}"
     port = listener.getsockname()[1]
-    argv = [sys.executable, "-m", "slurmdist.store_host", str(listener.fileno()), str(port), str(world_size), watched,
+    argv = [sys.executable, "-m", "slurmdist.store_host", str(sent[0]), str(port), str(world_size), watched,
             str(serve_within)]
     try:
-        _spawn_detached(argv, [listener.fileno()] + ([pidfd] if pidfd is not None else []))
+        _spawn_detached(argv, sent)
     finally:
         listener.close()
-        if pidfd is not None:
-            os.close(pidfd)
+        for fd in sent + ([pidfd] if pidfd is not None else []):
+            os.close(fd)
 
 
-def _watch_this_process() -> Tuple[str, Optional[int]]:
-    """How the store host will know the command has exited: 'pidfd:N' (Linux 5.3+; no pid-reuse race), else
-    'pid:N' (polled)."""
+def _pidfd_of_this_process() -> Optional[int]:
+    """How the store host will know the command has exited: a pidfd (Linux 5.3+; no pid-reuse race), else None
+    (the host polls the pid)."""
     try:
-        pidfd = os.pidfd_open(os.getpid())  # type: ignore[attr-defined]  # Python 3.9+, Linux
+        return int(os.pidfd_open(os.getpid()))  # type: ignore[attr-defined]  # Python 3.9+, Linux
     except (AttributeError, OSError):
-        return f"pid:{os.getpid()}", None
-    return f"pidfd:{pidfd}", pidfd
+        return None
+
+
+def _above_stdio(fd: int) -> int:
+    """A copy of `fd` numbered 3 or above (closed on exec until made inheritable)."""
+    return fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3)
 
 
 # Start their arguments in the background and exit, so the store host is nobody's child here: a shell, else

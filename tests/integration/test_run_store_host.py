@@ -51,6 +51,21 @@ def slurmdist_run(environ: dict, *command: str, options=(), timeout: float = 60)
     return run([PYTHON, "-m", "slurmdist", "run", *options, "--", *command], environ, timeout=timeout)
 
 
+PROBE_REPORT_TO_STDERR = PROBE.replace("print(json.dumps(report), flush=True)",
+                                       "print(json.dumps(report), file=sys.stderr, flush=True)")
+
+
+@pytest.mark.parametrize("closed", ["0<&-", "1>&-", "0<&- 1>&-"])
+def test_rank_0_serves_the_store_when_the_task_starts_with_stdin_or_stdout_closed(closed):
+    # The listening socket then gets fd 0 or 1, which the store host's detach step points at /dev/null.
+    port = free_port()
+    report = PROBE_REPORT_TO_STDERR if "1>&-" in closed else PROBE
+    result = run(["/bin/sh", "-c", f'exec "$@" {closed}', "sh", PYTHON, "-m", "slurmdist", "run", "--", PYTHON, "-c",
+                  report], rank_environ(0, 2, port))
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout or result.stderr.splitlines()[-1])["store"] == "ok", result.stderr
+
+
 def listening(port: int) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=1):
