@@ -42,5 +42,5 @@ def call_with_timeout(function: Callable[[], Any], timeout: float, what: str) ->
     if not done.wait(timeout):
         raise TimeoutError(f"{what} took longer than {timeout:.1f} s")
     if "error" in box:
-        raise box["error"]
+        raise box.pop("error")  # the box no longer holds it: its frames (this call's) and it are no cycle
     return box["value"]

@@ -99,7 +99,7 @@ def wait_listening(
     caller passes the `candidates` it resolved), not at every attempt: the lookup has no timeout of its own,
     and thousands of ranks polling would flood the name server."""
     pauses = poll_pauses()
-    last: Optional[BaseException] = None
+    last = ""  # text only: a kept exception's frames would hold the caller's (and its store client) in a cycle
     # Never a name to connect to: each connect would look it up again, unbounded, at every poll.
     if not candidates:
         answer = lookup(host, deadline.at_most(LOOKUP_BOUND))
@@ -117,7 +117,7 @@ def wait_listening(
                 with socket.create_connection(endpoint, timeout=min(2.0, deadline.remaining())) as probe:
                     return str(probe.getpeername()[0])
             except OSError as exc:
-                last = exc
+                last = str(exc)
         if deadline.expired():
             raise RendezvousError(
                 f"nothing listens at the rendezvous store {hostport(host, port)} after {deadline.seconds:.0f} s "
@@ -723,7 +723,7 @@ def open_meeting(
                 found = rank0_keys(store, base, deadline)
             if found is not None:
                 return store, peer, found
-            closed: BaseException = RuntimeError("it closed before rank 0 checked in there")
+            closed = "it closed before rank 0 checked in there"  # text, as `last` in wait_listening
         except ForeignStore as foreign:
             raise RendezvousError(
                 f"rank {env.rank}: the rendezvous store at {where} is another run's ({describe_run(foreign.owner)}; "
@@ -739,14 +739,14 @@ def open_meeting(
                     f"{env.world_size}): {first_line(exc)}. Is MASTER_PORT used by something else than this "
                     "job's rank 0?"
                 ) from None
-            closed = exc
+            closed = first_line(exc)
         if deadline.expired():
             raise RendezvousError(
                 f"rank {env.rank} joined the rendezvous store at {where} but lost it, again and again for "
-                f"{deadline.seconds:.0f} s (world size {env.world_size}; last: {first_line(closed)}): rank 0 "
+                f"{deadline.seconds:.0f} s (world size {env.world_size}; last: {closed}): rank 0 "
                 "keeps restarting, or another program holds MASTER_PORT"
             )
-        log.debug("rank %d: the store at %s closed (%s); joining again", env.rank, where, first_line(closed))
+        log.debug("rank %d: the store at %s closed (%s); joining again", env.rank, where, closed)
         time.sleep(min(next(pauses), deadline.remaining()))
 
 

@@ -3,6 +3,7 @@ handler that calls shutdown() while init() waits for ranks that never come."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -120,6 +121,40 @@ def test_a_second_group_forms_while_something_still_holds_the_first(holder, endi
     for rank, result in enumerate(results):
         assert result.returncode == 0, result.stderr
         assert f"second group {rank} 2" in result.stdout
+
+
+CYCLES_WITHOUT_GC = """
+import gc, json, os, time, slurmdist
+gc.disable()  # as training loops often do: only reference counts free what init() left
+rank = int(os.environ["RANK"])
+def open_sockets():
+    links = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            links.append(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:  # the listing's own fd, closed by now
+            pass
+    return sum(link.startswith("socket:") for link in links)
+counts = []
+for cycle in range(3):
+    if rank == 0:  # the others poll the port before rank 0 listens: the usual start
+        time.sleep(0.5)
+    slurmdist.init("gloo")
+    slurmdist.shutdown()
+    counts.append(open_sockets())
+print(json.dumps(counts), flush=True)
+"""
+
+
+def test_init_and_shutdown_cycles_leave_no_store_connection_open_without_the_garbage_collector():
+    # A connection error kept from the poll held the frames of init() (and its store client) in a cycle.
+    port = free_port()
+    procs = [subprocess.Popen([PYTHON, "-c", CYCLES_WITHOUT_GC], text=True, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, env=rank_environ(rank, 2, port, SLURMDIST_INIT_TIMEOUT="30"))
+             for rank in range(2)]
+    for rank, result in enumerate(finish(procs)):
+        assert result.returncode == 0, result.stderr
+        assert json.loads(result.stdout.splitlines()[-1]) == [0, 0, 0], (rank, result.stdout)
 
 
 SHUTDOWN_ON_SIGTERM = """
