@@ -78,10 +78,21 @@ def positive_seconds(source: str, value: Any, error: Callable[[str], Exception])
     return seconds
 
 
+POLL_MAX_MS = 2**31 - 1  # poll()'s longest wait
+
+
 def readable_within(fd: int, seconds: Optional[float] = None) -> bool:
     """True when `fd` turns readable (its writer closed it, the process a pidfd names ended) within `seconds`,
     or ever when None. poll, not select: select refuses descriptors numbered 1024 or above, which a process
     with many files open gets, and the wait was then silently gone."""
     poller = select.poll()
     poller.register(fd, select.POLLIN)
-    return bool(poller.poll(None if seconds is None else max(0, math.ceil(seconds * 1000))))
+    if seconds is None:
+        return bool(poller.poll(None))
+    end = time.monotonic() + seconds
+    while True:  # in slices: poll() takes at most 2**31-1 ms (24.8 days), and raises OverflowError beyond
+        left = end - time.monotonic()
+        if poller.poll(max(0, min(POLL_MAX_MS, math.ceil(left * 1000)))):
+            return True
+        if left <= POLL_MAX_MS / 1000:
+            return False
