@@ -28,10 +28,11 @@ def poll_pauses() -> Iterator[float]:
 
 
 class Deadline:
-    """One absolute deadline shared by every wait of a rendezvous."""
+    """One absolute deadline shared by every wait of a rendezvous. `knob` is what set it, which a message
+    that says "raise the timeout" names (`timeout_knob`)."""
 
-    def __init__(self, seconds: float) -> None:
-        self.seconds = seconds
+    def __init__(self, seconds: float, knob: str = TIMEOUT_VARIABLE) -> None:
+        self.seconds, self.knob = seconds, knob
         self.start = time.monotonic()
         self.end = self.start + seconds
         # (IP, port) of every store this rendezvous joined: what the store watchdog cuts if a call to one
@@ -58,6 +59,12 @@ def init_timeout(timeout: Optional[float], environ: Mapping[str, str]) -> float:
     if timeout is not None:
         return positive_seconds("timeout", timeout, RendezvousError)
     return positive_seconds(TIMEOUT_VARIABLE, environ.get(TIMEOUT_VARIABLE, DEFAULT_TIMEOUT), RendezvousError)
+
+
+def timeout_knob(timeout: Optional[float], argument: str) -> str:
+    """What set the init timeout: `argument` (how the caller gave `timeout`) when given, which wins over the
+    variable, else the variable."""
+    return TIMEOUT_VARIABLE if timeout is None else argument
 
 
 # A bound beyond this is a typo or `inf`, and torch's timedelta cannot hold much more (OverflowError).

@@ -223,7 +223,7 @@ def command_variables(env: DistEnv) -> Dict[str, str]:
 
 def _run(args: argparse.Namespace) -> int:
     from . import store_host, store_server
-    from .bounds import Deadline, init_timeout
+    from .bounds import Deadline, init_timeout, timeout_knob
     from .detection import detect
     from .rendezvous import AGENT_STORE_VARIABLE, RESTART_COUNT_VARIABLE, resolve_master, wait_listening
 
@@ -247,7 +247,8 @@ def _run(args: argparse.Namespace) -> int:
         else:
             # Rank 0's `slurmdist run` listens within milliseconds of starting. Waiting for it here keeps the
             # bound: the command's torch client would wait for an absent rank 0 for its own timeout (30 min).
-            wait_listening(master_addr, master_port, Deadline(seconds), env.world_size)
+            wait_listening(master_addr, master_port, Deadline(seconds, timeout_knob(args.timeout, "--timeout")),
+                           env.world_size)
         child_env[AGENT_STORE_VARIABLE] = "True"
         # Older torch releases read the agent's restart count next to that switch and fail without it.
         child_env.setdefault(RESTART_COUNT_VARIABLE, "0")

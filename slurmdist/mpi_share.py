@@ -22,12 +22,13 @@ MPI_LAUNCHERS = ("openmpi", "pmi", "mvapich", "pals", "flux", "jsrun", "mpi4py")
 MPI_KILL_GRACE = 5.0  # seconds between the SIGTERM and the SIGKILL for a rank stuck in MPI_Init past its bound
 
 
-def mpi_comm(env: DistEnv, environ: Mapping[str, str], timeout: float = DEFAULT_TIMEOUT) -> Any:
+def mpi_comm(env: DistEnv, environ: Mapping[str, str], timeout: float = DEFAULT_TIMEOUT,
+             knob: str = TIMEOUT_VARIABLE) -> Any:
     """COMM_WORLD, importing mpi4py only now. Open MPI's ofi transport costs ~1 s of MPI_Init and we only
     exchange a few hundred bytes per rank, so it is left out unless the user chose transports (`OMPI_MCA_btl`).
 
     Importing mpi4py.MPI runs MPI_Init, which waits for every rank to call it, bounded by `timeout` (see
-    `_import_mpi`)."""
+    `_import_mpi`), which `knob` sets."""
     if "mpi4py.MPI" not in sys.modules and env.launcher == "openmpi" and "OMPI_MCA_btl" not in environ:
         os.environ.setdefault("OMPI_MCA_btl", "^ofi")
     try:
@@ -36,7 +37,7 @@ def mpi_comm(env: DistEnv, environ: Mapping[str, str], timeout: float = DEFAULT_
             f"{env.world_size}): it waits for every rank of the launch, so some rank has not reached "
             "slurmdist.init() or `slurmdist run` (crashed, stuck before it, or never started: check the launcher's "
             "task count). "
-            f"Ending this process. Raise {TIMEOUT_VARIABLE} if the ranks are only slow, or set MASTER_ADDR and "
+            f"Ending this process. Raise {knob} if the ranks are only slow, or set MASTER_ADDR and "
             "MASTER_PORT to skip MPI\n"
         ))
     except ImportError as exc:

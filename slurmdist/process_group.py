@@ -84,7 +84,8 @@ def init(
             env = _choose_device(env, backend, device, environ)
             _check_gloo_interface(env, environ)
             # The bound starts with the rendezvous, not before the local choices (which import torch).
-            env = _start_group(env, bounds.Deadline(seconds), environ)
+            env = _start_group(env, bounds.Deadline(seconds, bounds.timeout_knob(timeout, "init()'s timeout")),
+                               environ)
         except BaseException as exc:
             _forget_interface()
             _release_frames(exc, handling)

@@ -25,7 +25,7 @@ from typing import Any, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from . import store_server
 from .background import call_with_timeout
-from .bounds import TIMEOUT_VARIABLE, Deadline, init_timeout, poll_pauses
+from .bounds import Deadline, init_timeout, poll_pauses, timeout_knob
 from .distenv import LOOPBACK, DistEnv
 from .errors import RendezvousError
 from .hosts import (
@@ -66,7 +66,7 @@ def resolve_master(
     result before starting the training process.
     """
     environ = os.environ if environ is None else environ
-    deadline = Deadline(init_timeout(timeout, environ))
+    deadline = Deadline(init_timeout(timeout, environ), timeout_knob(timeout, "--timeout"))
     if env.world_size == 1:
         # The one process meets itself: Slurm's node name (the first of the nodelist) may not be in DNS, and a
         # torch env:// start would retry it until its own timeout. A MASTER_ADDR set by the user stays.
@@ -76,7 +76,7 @@ def resolve_master(
     if env.master_addr is None or env.master_port is None:
         require_mpi_launcher(env)
         started_mpi = "mpi4py.MPI" not in sys.modules
-        comm = mpi_comm(env, environ, deadline.remaining())
+        comm = mpi_comm(env, environ, deadline.remaining(), deadline.knob)
         mine = None
         if env.rank == 0:
             mine = f"{env.master_addr or own_address(single_node=env.local_world_size == env.world_size)} " \
@@ -123,7 +123,7 @@ def wait_listening(
                 f"nothing listens at the rendezvous store {hostport(host, port)} after {deadline.seconds:.0f} s "
                 f"(world size {world_size}, last error: {last}): rank 0 has not started, crashed before "
                 f"it listened (in slurmdist.init() or slurmdist run), already gave up on ranks that came as late "
-                f"as this one (start every rank together, or give them a longer SLURMDIST_INIT_TIMEOUT), or "
+                f"as this one (start every rank together, or raise {deadline.knob}), or "
                 f"MASTER_ADDR/MASTER_PORT point elsewhere{_ipv6_only_hint(candidates)}"
             )
         time.sleep(min(next(pauses), deadline.remaining()))
@@ -569,7 +569,7 @@ class Rendezvous:
         conflict = CHECKED_IN_TWICE in verdict or WORLD_SIZES_DIFFER in verdict
         advice = "" if conflict else (
             f" Check that every rank started (job log, srun/mpirun task counts) and can reach {self.where}; "
-            f"raise {TIMEOUT_VARIABLE} if they are only slow"
+            f"raise {self.deadline.knob} if they are only slow"
         )
         raise RendezvousError(
             f"rendezvous at {self.where} failed after {self.deadline.elapsed():.0f} s "
@@ -761,7 +761,7 @@ def _mpi_store(env: DistEnv, deadline: Deadline, environ: Mapping[str, str]) -> 
     """MPI across nodes: rank 0 opens its store on a kernel-chosen port, then broadcasts address and port.
     Also returns the address the store is reached at (rank 0's own, as it broadcast it)."""
     require_mpi_launcher(env)
-    comm = mpi_comm(env, environ, deadline.remaining())
+    comm = mpi_comm(env, environ, deadline.remaining(), deadline.knob)
     store, mine = None, None
     if env.rank == 0:
         addr = env.master_addr or own_address(single_node=env.local_world_size == env.world_size)

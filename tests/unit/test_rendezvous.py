@@ -678,6 +678,12 @@ def test_rank_0_never_started():
     outcome, port = meet(2, [1], timeout=0.5)
     assert isinstance(outcome[1], RendezvousError)
     assert f"nothing listens at the rendezvous store 127.0.0.1:{port}" in str(outcome[1])
+    assert "raise SLURMDIST_INIT_TIMEOUT" in str(outcome[1])  # what set the bound here
+
+
+def test_the_advice_names_the_timeout_that_was_given_not_the_variable_it_overrode():
+    with pytest.raises(RendezvousError, match=r"or raise init\(\)'s timeout\)"):
+        wait_listening("127.0.0.1", free_port(), Deadline(0.2, "init()'s timeout"), 2)
 
 
 def test_busy_port():
