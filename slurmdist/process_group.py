@@ -286,11 +286,13 @@ def shutdown() -> None:
             return
         import torch.distributed as dist
 
-        if _state["owned"] and dist.is_initialized() and _default_group() is _state["group"]:
-            dist.destroy_process_group()
-        _stop_serving(env)
-        _state["store"] = _state["group"] = None
-        _forget_interface()
+        try:
+            if _state["owned"] and dist.is_initialized() and _default_group() is _state["group"]:
+                dist.destroy_process_group()
+        finally:  # whatever torch raised: the port and the interface choice are given back all the same
+            _stop_serving(env)
+            _state["store"] = _state["group"] = None
+            _forget_interface()
 
 
 def _default_group() -> Any:

@@ -78,6 +78,23 @@ def test_a_single_process_binds_loopback_and_gives_the_choice_back(single):
     assert interfaces.GLOO_INTERFACE_VARIABLE not in os.environ
 
 
+def test_shutdown_interrupted_inside_torch_still_gives_the_interface_choice_back(single, monkeypatch):
+    # Ctrl-C landing in destroy_process_group(): the KeyboardInterrupt goes on to the caller, and slurmdist's own
+    # choice of GLOO_SOCKET_IFNAME must not stay behind for the next init() to take for the user's.
+    os.environ.pop(interfaces.GLOO_INTERFACE_VARIABLE, None)
+    slurmdist.init(environ=single)
+    destroy = dist.destroy_process_group
+
+    def interrupted(*args, **kwargs):
+        destroy(*args, **kwargs)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(dist, "destroy_process_group", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        slurmdist.shutdown()
+    assert interfaces.GLOO_INTERFACE_VARIABLE not in os.environ and not slurmdist.is_initialized()
+
+
 def test_the_gloo_workers_a_ddp_model_keeps_are_found_and_seen_asleep(single):
     # A DDP model keeps its group, and the group's worker threads, alive past destroy_process_group(). The exit
     # handler waits for them: it must find them under torch's name for them, and tell when they are idle.
