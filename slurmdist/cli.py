@@ -235,20 +235,20 @@ def _run(args: argparse.Namespace) -> int:
     # Copied before resolve_master: over MPI it may set OMPI_MCA_btl for its own MPI_Init, which must not
     # reach the command's MPI.
     child_env: Dict[str, str] = dict(os.environ)
-    env = resolve_master(detect(), timeout=args.timeout)
+    # One bound for every wait below (the master over MPI, rank 0's store), as init() has.
+    deadline = Deadline(init_timeout(args.timeout, os.environ), timeout_knob(args.timeout, "--timeout"))
+    env = resolve_master(detect(), deadline=deadline)
     child_env.update(command_variables(env))
     if args.store and store_host.wanted(env, os.environ):
         master_addr, master_port = env.master_endpoint()
-        seconds = init_timeout(args.timeout, os.environ)
         if env.rank == 0:
             listener = store_server.listen(master_port, "slurmdist run on rank 0",
                                            store_server.ipv6_clients(master_addr))
-            store_host.start(listener, env.world_size, seconds)
+            store_host.start(listener, env.world_size, deadline.remaining())
         else:
             # Rank 0's `slurmdist run` listens within milliseconds of starting. Waiting for it here keeps the
             # bound: the command's torch client would wait for an absent rank 0 for its own timeout (30 min).
-            wait_listening(master_addr, master_port, Deadline(seconds, timeout_knob(args.timeout, "--timeout")),
-                           env.world_size)
+            wait_listening(master_addr, master_port, deadline, env.world_size)
         child_env[AGENT_STORE_VARIABLE] = "True"
         # Older torch releases read the agent's restart count next to that switch and fail without it.
         child_env.setdefault(RESTART_COUNT_VARIABLE, "0")

@@ -56,17 +56,20 @@ def verdict_grace(world_size: int) -> float:
 
 
 def resolve_master(
-    env: DistEnv, *, environ: Optional[Mapping[str, str]] = None, timeout: Optional[float] = None
+    env: DistEnv, *, environ: Optional[Mapping[str, str]] = None, timeout: Optional[float] = None,
+    deadline: Optional[Deadline] = None,
 ) -> DistEnv:
     """Fill in `master_addr`/`master_port` where `detect()` left them None, and make the address resolvable.
 
     MPI launches across nodes learn rank 0's address and a free port over mpi4py, and their node numbering
     from the ranks' host names (every rank must call this; MPI is finalized again when this call initialised
     it). A master name that is not in DNS is replaced by Slurm's NodeAddr. For the CLI, which exports the
-    result before starting the training process.
+    result before starting the training process. `deadline`, when given, is one the caller's later waits share
+    (instead of `timeout` seconds from now).
     """
     environ = os.environ if environ is None else environ
-    deadline = Deadline(init_timeout(timeout, environ), timeout_knob(timeout, "--timeout"))
+    if deadline is None:
+        deadline = Deadline(init_timeout(timeout, environ), timeout_knob(timeout, "--timeout"))
     if env.world_size == 1:
         # The one process meets itself: Slurm's node name (the first of the nodelist) may not be in DNS, and a
         # torch env:// start would retry it until its own timeout. A MASTER_ADDR set by the user stays.
