@@ -679,7 +679,8 @@ def _wait(job: Any, timeout: float, poll: float = 1.0, on_state: Optional[Callab
 
 def results(job: Any, timeout: float, *, poll: float = 1.0) -> List[Any]:
     """Every task's return value, once the job ended. Raises `JobFailedError` with the first failing
-    task's remote traceback, or with Slurm's state and the log's last lines when no task could report."""
+    task's remote traceback (for a command: what failed and its log's last lines), or with Slurm's state and the
+    log's last lines when no task could report."""
     state, outcomes = _wait(job, timeout, poll)
     if outcomes is None:
         outcomes = _read_outcomes(job, grace=result_grace(job, state))
@@ -690,10 +691,14 @@ def results(job: Any, timeout: float, *, poll: float = 1.0) -> List[Any]:
         others = f" (then task(s) {sorted(set(failed) - {first})} failed too)" if len(failed) > 1 else ""
         ended = "" if state == "COMPLETED" else f"ended {state}: "  # CANCELLED, PREEMPTED, TIMEOUT say why
         log = _task_paths(job, first)[1]
-        # A command's own error is in the log it wrote to, not in the task's traceback (which says its status).
-        command_failed = f"{CommandFailed.__name__}: " in outcomes[first][1]
-        said = f"last lines of {log}:\n{_tail(log, skip='submitit ')}" if command_failed else f"(log: {log})"
-        raise JobFailedError(f"job {job.job_id} {ended}task {first} raised{others}:\n{outcomes[first][1]}\n{said}",
+        failure = command_failure(outcomes[first][1])
+        if failure is not None:
+            # A command's own error is in the log it wrote to; the task's traceback is slurmdist's and submitit's
+            # plumbing, which only knows the status (and which submitit writes to the end of that log too).
+            tail = _tail(log, skip="submitit ", until=CommandFailed.__name__)
+            said = f"last lines of {log}:\n{tail}" if tail.strip() else f"(its log {log} is empty)"
+            raise JobFailedError(f"job {job.job_id} {ended}task {first}{others}: {failure}\n{said}", state, job.job_id)
+        raise JobFailedError(f"job {job.job_id} {ended}task {first} raised{others}:\n{outcomes[first][1]}\n(log: {log})",
                              state, job.job_id)
     if any(outcome is None for outcome, _ in outcomes):
         missing = [task for task, (outcome, _) in enumerate(outcomes) if outcome is None]
@@ -778,16 +783,28 @@ def _read_outcomes(job: Any, grace: float) -> List[Tuple[Optional[str], Any]]:
     return outcomes
 
 
-def _tail(path: Path, lines: int = 20, skip: Optional[str] = None) -> str:
+def command_failure(traceback: str) -> Optional[str]:
+    """What a task's remote traceback says when its command failed ('command exited with status 3: ...'), or
+    None for any other error."""
+    last = traceback.strip().splitlines()[-1:] or [""]
+    _, found, said = last[0].partition(f"{CommandFailed.__name__}: ")
+    return said if found else None
+
+
+def _tail(path: Path, lines: int = 20, skip: Optional[str] = None, until: Optional[str] = None) -> str:
     """The last `lines` lines of a log (read from its last 64 KiB: logs grow large), without those that start
-    with `skip`."""
+    with `skip`, and without the last traceback when it names `until` (the task's own, after the command's
+    output, which would crowd it out)."""
     try:
         with open(path, "rb") as log:
             log.seek(max(0, log.seek(0, os.SEEK_END) - 65536))
-            kept = [line for line in log.read().decode(errors="replace").splitlines()
-                    if skip is None or not line.startswith(skip)]
+            text = log.read().decode(errors="replace").splitlines()
     except OSError:
         return "(no log file)"
+    starts = [i for i, line in enumerate(text) if line.startswith("Traceback (most recent call last):")]
+    if until is not None and starts and any(until in line for line in text[starts[-1]:]):
+        text = text[:starts[-1]]
+    kept = [line for line in text if skip is None or not line.startswith(skip)]
     return "\n".join(kept[-lines:])
 
 

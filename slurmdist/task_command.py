@@ -38,8 +38,11 @@ class Command:
         with relay.installed(parse_signal(None)):
             # Locally the command leads a process group of its own, which the task signals as Slurm signals
             # every process of a step (torchrun's or mpirun's workers too).
-            child = subprocess.Popen(list(self.argv), cwd=self.cwd, env=env, start_new_session=local,
-                                     preexec_fn=_dies_with_this_process() if local else None)
+            try:
+                child = subprocess.Popen(list(self.argv), cwd=self.cwd, env=env, start_new_session=local,
+                                         preexec_fn=_dies_with_this_process() if local else None)
+            except OSError as exc:  # raised from here, it is the job's result: said as a failed command is
+                raise CommandFailed(not_started_text(self.argv[0], exc, self.cwd)) from None
             try:
                 relay.started(child)
                 code = child.wait()
@@ -171,6 +174,20 @@ def _kill_if_running(child: subprocess.Popen, whole_group: bool) -> None:
         child.kill()
     with contextlib.suppress(subprocess.TimeoutExpired):
         child.wait(timeout=commands.REAP_GRACE)
+
+
+def not_started_text(program: str, exc: OSError, cwd: Optional[str]) -> str:
+    """Why the command could not start, in the words `slurmdist run` uses."""
+    import errno
+
+    where = f" (on {os.uname().nodename}, in {cwd or os.getcwd()})"
+    if exc.errno == errno.ENOENT and exc.filename == cwd:
+        return f"cannot run {program!r}: its working directory {cwd!r} does not exist{where}"
+    if exc.errno == errno.ENOENT:
+        return f"command not found: {program!r}: not on the task's PATH, or not a file there{where}"
+    if exc.errno == errno.EACCES:
+        return f"command is not executable: {program!r}{where}"
+    return f"cannot run {program!r}: {exc.strerror or exc}{where}"
 
 
 def exit_text(code: int) -> str:

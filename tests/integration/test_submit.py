@@ -143,7 +143,9 @@ def test_cli_wait_exits_with_the_job_status(cluster, tmp_path):
     assert proc.returncode == 1, proc.stderr
     assert "FAILED" in proc.stderr and "command exited with status 1" in proc.stderr
     # What the command itself said, from the task's log: the task's traceback only knows the status.
-    assert re.search(r"last lines of \S+_1_log\.err:\nbad input on rank 1\n", proc.stderr), proc.stderr
+    assert re.search(r"task 1: command exited with status 1: .*\nlast lines of \S+_1_log\.err:\nbad input on rank 1$",
+                     proc.stderr, re.MULTILINE), proc.stderr
+    assert "Traceback" not in proc.stderr  # the task's own plumbing says nothing the first line does not
 
 
 def test_cli_reports_sbatchs_refusal_once(cluster, tmp_path):
@@ -435,6 +437,25 @@ def test_a_local_job_whose_task_died_or_whose_setup_failed_is_failed_not_complet
     assert wait(no_setup, timeout=TIMEOUT) == "FAILED"
     fine = Submitter(tasks_per_node=1, time=5, folder=tmp_path / "fine" / "%j", cluster="local").submit(len, "ab")
     assert wait(fine, timeout=TIMEOUT) == "COMPLETED"
+
+
+@pytest.mark.parametrize("command, first_line, last_lines", [
+    (["no-such-command-here"], "command not found: 'no-such-command-here': not on the task's PATH", None),
+    # The command's last 20 lines of stderr, not crowded out by the task's own traceback after them.
+    ([PYTHON, "-c", "import sys; [print(f'line {i}', file=sys.stderr) for i in range(30)]; sys.exit(3)"],
+     "command exited with status 3", [f"line {i}" for i in range(10, 30)]),
+])
+def test_a_failed_command_is_told_in_its_own_words_not_the_tasks_traceback(tmp_path, command, first_line, last_lines):
+    proc = subprocess.run([PYTHON, "-m", "slurmdist", "submit", "--cluster", "local", "--folder", str(tmp_path / "%j"),
+                           "--wait", "--timeout", str(TIMEOUT), "--", *command],
+                          capture_output=True, text=True, timeout=TIMEOUT + 30)
+    assert proc.returncode == 1, proc.stderr
+    said = re.search(r"ended FAILED: task 0: (.*)\n(?:last lines of \S+:\n((?:.*\n?)*)|\(its log \S+ is empty\))",
+                     proc.stderr)
+    assert said and said.group(1).startswith(first_line), proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    if last_lines is not None:
+        assert said.group(2).splitlines() == last_lines, proc.stderr
 
 
 def test_ctrl_c_stops_following_not_the_job_and_says_so(tmp_path):
