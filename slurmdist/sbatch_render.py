@@ -32,7 +32,8 @@ DEVICES = ("gpu", "npu", "cpu")
 # sbatch's own #SBATCH parser (quotes, '#', whitespace) or to the shell.
 _NAME = re.compile(r"[A-Za-z0-9_.+-]+(,[A-Za-z0-9_.+-]+)*")
 # re.ASCII: \d alone also matches other scripts' digits ('٣'), which sbatch refuses.
-_TIME = re.compile(r"\d+(-\d+)?(:\d+){0,2}|\d+-\d+(:\d+)?", re.ASCII)
+_TIME = re.compile(r"\d+(-\d+)?(:\d+){0,2}|\d+-\d+(:\d+)?|(?i:infinite|unlimited)", re.ASCII)
+_NO_LIMIT = re.compile(r"[0:-]+|(?i:infinite|unlimited)")  # Slurm's ways to say "no time limit"
 _PATH = re.compile(r"[A-Za-z0-9_./%+-]+")
 _SIGNAL = re.compile(r"(R:)?[A-Z0-9]+(@\d+)?", re.ASCII)  # not B:, which signals only the batch shell (it would die)
 
@@ -95,7 +96,9 @@ def validate(spec: JobSpec) -> JobSpec:
     _check("job-name", spec.job_name, _NAME, "_ . + -")
     _check("partition", spec.partition, _NAME, "_ . + - (a comma-separated list is fine)")
     _check("account", spec.account, _NAME, "_ . + -")
-    _check("time", spec.time, _TIME, "Slurm's formats: MINUTES, HH:MM:SS, D-HH:MM:SS")
+    if not _TIME.fullmatch(spec.time):
+        raise SbatchError(f"--time {spec.time!r} is not a time limit Slurm takes: use MINUTES, HH:MM:SS, D-HH:MM:SS "
+                          "(or 0 or infinite for none)")
     _check("output", spec.output, _PATH, "_ . / % + - (%x job name, %j job id)")
     # Errors quote the value as the user wrote it.
     typed = f"--signal {spec.signal!r}" if spec.signal is not None else f"the default --signal {DEFAULT_SIGNAL}"
@@ -143,10 +146,10 @@ def _check_signal_delay(spec: JobSpec, typed: str) -> None:
     _, delay = _warning_of(spec.signal)
     try:
         # In whole minutes, rounded up, as Slurm keeps the limit (00:03:01: 4); 0, 00:00:00, 0-0: no limit.
-        minutes = None if re.fullmatch(r"[0:-]+", spec.time) else parse_time(spec.time)
+        minutes = None if _NO_LIMIT.fullmatch(spec.time) else parse_time(spec.time)
     except SubmitError:  # its message names Python's time=, not this option
-        raise SbatchError(f"--time {spec.time!r} is not a time limit Slurm takes: use MINUTES, HH:MM:SS or "
-                          "D-HH:MM:SS") from None
+        raise SbatchError(f"--time {spec.time!r} is not a time limit Slurm takes: use MINUTES, HH:MM:SS, "
+                          "D-HH:MM:SS (or 0 or infinite for none)") from None
     problem = signal_delay_problem(delay, minutes, what=typed,
                                    within=f"--time {spec.time}", time_name="--time", delay_name="the delay after @")
     if problem is not None:
@@ -327,7 +330,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--tasks-per-node", type=int, help="default: one per GPU (1 under torchrun)")
     parser.add_argument("--workers-per-node", type=int, help="torchrun workers per node (default: GPUs per node)")
     parser.add_argument("--cpus-per-task", "-c", type=int)
-    parser.add_argument("--time", "-t", default="01:00:00", help="MINUTES, HH:MM:SS or D-HH:MM:SS")
+    parser.add_argument("--time", "-t", default="01:00:00", help="MINUTES, HH:MM:SS or D-HH:MM:SS; 0 or infinite for no limit")
     parser.add_argument("--partition", "-p")
     parser.add_argument("--account", "-A")
     parser.add_argument("--job-name", "-J", default="train")
@@ -342,7 +345,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--setup", action="append", default=[], metavar="LINE",
                         help="shell line run before the launch, e.g. 'module load cuda' or 'source ~/venv/bin/activate' "
                         "(repeatable; needed where jobs are submitted with --export=NONE)")
-    parser.add_argument("--write", metavar="FILE", help="write the script to FILE instead of stdout")
+    parser.add_argument("--write", metavar="FILE", help="write the script to FILE instead of stdout (- is stdout)")
     parser.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARGS...]")
     parser.set_defaults(handler=_sbatch)
 
@@ -379,7 +382,9 @@ def _sbatch(args: argparse.Namespace) -> int:
         print(f"slurmdist sbatch: warning: the log folder {folder!r} of --output {spec.output!r} does not exist here; "
               f"Slurm writes no log at all when it is missing as the job starts. Create it first: mkdir -p "
               f"{shlex.quote(folder)}", file=sys.stderr)
-    if args.write:
+    if args.write == "":
+        raise SbatchError("--write '' names no file: give a file name, or leave --write out (or give -) for stdout")
+    if args.write not in (None, "-"):
         try:
             with open(args.write, "w") as stream:
                 stream.write(script)

@@ -188,6 +188,9 @@ def test_cli_refuses_with_status_2_and_no_traceback(capsys, tmp_path):
     (["--time", "00:02:01", "--", "python", "t.py"], r"leaves no time to train within --time 00:02:01 \(3 min\)"),
     (["--time", "3-00:00:00", "--signal", "USR2@65536", "--", "python", "t.py"], "more than Slurm's --signal accepts"),
     (["--time", "0", "--signal", "USR2@100000", "--", "python", "t.py"], "more than Slurm's --signal accepts"),
+    (["--time", "infinite", "--signal", "USR2@100000", "--", "python", "t.py"], "more than Slurm's --signal accepts"),
+    (["--time", "forever", "--", "python", "t.py"], r"--time 'forever' is not a time limit Slurm takes: .* or infinite"),
+    (["--write", "", "--", "python", "t.py"], "--write '' names no file"),
     # Past what any limit holds: named as the option, not as submit's time=.
     (["--time", "9" * 20, "--", "python", "t.py"], "error: --time '9{20}' is not a time limit Slurm takes"),
 ])
@@ -284,6 +287,19 @@ def test_more_ranks_than_gpus_only_when_asked_to_share(tmp_path, launcher, ranks
 def test_fewer_ranks_than_gpus_and_cpu_jobs_need_no_sharing():
     assert "SHARE" not in render(JobSpec(command=("python", "t.py"), gpus_per_node=4, tasks_per_node=1))
     assert "SHARE" not in render(JobSpec(command=("python", "t.py"), device="cpu", tasks_per_node=16))
+
+
+@pytest.mark.parametrize("limit", ["0", "infinite", "UNLIMITED"])
+def test_no_time_limit_in_each_of_slurms_spellings(capsys, limit):
+    assert cli.main(["sbatch", "--time", limit, "--", "python", "train.py"]) == 0
+    script = capsys.readouterr().out
+    assert f"#SBATCH --time={limit}\n" in script and "#SBATCH --signal=USR2@120\n" in script
+
+
+def test_write_to_dash_is_stdout(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["sbatch", "--write", "-", "--", "python", "train.py"]) == 0
+    assert capsys.readouterr().out.startswith("#!/bin/bash\n") and not (tmp_path / "-").exists()
 
 
 def test_write_to_a_file(tmp_path, capsys):
