@@ -452,6 +452,8 @@ def expand(text: str, *, limit: int = DEFAULT_LIMIT) -> List[str]:
     whole once it grows past a few thousand hosts, so a hostile list cannot exhaust memory.
     """
     _check_text(text, "expand")
+    if type(limit) is not int or limit < 1:  # not bool, float or None: each compared as a number, and wrong
+        raise HostlistError(f"limit={limit!r} must be a whole number of hosts, 1 or more")
     if "[" not in text and "]" not in text:
         return _expand_plain(text, limit)
     hosts: List[str] = []

@@ -145,6 +145,12 @@ def test_limit_caps_hosts_before_building_them() -> None:
         expand("a[0-99999]b[0-99999]c[0-99999]")
 
 
+@pytest.mark.parametrize("limit", [0, -1, True, 2.5, None, "10"])
+def test_a_limit_that_is_not_a_count_of_hosts_is_refused(limit: object) -> None:
+    with pytest.raises(HostlistError, match=f"limit={limit!r} must be a whole number of hosts, 1 or more"):
+        expand("n[1-2]", limit=limit)  # type: ignore[arg-type]
+
+
 def test_count_and_first_need_no_expansion() -> None:
     assert count("n[0-18446744073709551615]") == 2**64
     assert count("a[0-99999]b[0-99999]c[0-99999]") == 10**15
