@@ -290,7 +290,7 @@ _TASK_UNIT = {"gpu": "GPU", "npu": "NPU", "cpu": "rank"}  # what each srun task 
 def launch_lines(spec: JobSpec) -> List[str]:
     command = quote_command(spec.command)
     if spec.launcher == "srun":
-        unit = _TASK_UNIT[spec.device]
+        unit = _TASK_UNIT[spec.device] if spec.gpus_per_node else "rank"
         return [f"# One task per {unit}: slurmdist.init() reads SLURM_PROCID / SLURM_LOCALID in each.",
                 f"srun --kill-on-bad-exit=1 {command}"]
     if spec.launcher == "mpirun":
@@ -377,6 +377,9 @@ def spec_from_args(args: argparse.Namespace) -> JobSpec:
 def _sbatch(args: argparse.Namespace) -> int:
     spec = spec_from_args(args)
     script = render(spec)
+    unasked = devices_not_asked_for(spec)
+    if unasked is not None:
+        print(f"slurmdist sbatch: warning: {unasked}", file=sys.stderr)
     folder = missing_log_folder(spec.output)
     if folder is not None:
         print(f"slurmdist sbatch: warning: the log folder {folder!r} of --output {spec.output!r} does not exist here; "
@@ -394,6 +397,17 @@ def _sbatch(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(script)
     return 0
+
+
+def devices_not_asked_for(spec: JobSpec) -> Optional[str]:
+    """What is off when a GPU or NPU job asks Slurm for none of them (the default --device is gpu, and -G is 0
+    unless given), or None: its ranks then train on the CPU wherever the partition gives no device anyway."""
+    if spec.device == "cpu" or spec.gpus_per_node:
+        return None
+    unit = _TASK_UNIT[spec.device]
+    return (f"--device {spec.device} without --gpus-per-node asks Slurm for no {unit}s: the ranks get none, unless "
+            f"the partition gives them anyway, and slurmdist.init() then trains on the CPU (gloo). Give -G N ({unit}s "
+            "per node; or --gpus-per-node on the sbatch command line), or --device cpu for a CPU job")
 
 
 def missing_log_folder(output: str) -> Optional[str]:

@@ -289,6 +289,23 @@ def test_fewer_ranks_than_gpus_and_cpu_jobs_need_no_sharing():
     assert "SHARE" not in render(JobSpec(command=("python", "t.py"), device="cpu", tasks_per_node=16))
 
 
+@pytest.mark.parametrize("args, unit, warned", [
+    (["--tasks-per-node", "2"], "rank", "--device gpu without --gpus-per-node asks Slurm for no GPUs"),
+    (["--device", "npu"], "rank", "--device npu without --gpus-per-node asks Slurm for no NPUs"),
+    (["-G", "2"], "GPU", None),
+    (["--device", "cpu", "--tasks-per-node", "4"], "rank", None),
+])
+def test_a_gpu_job_that_asks_for_no_gpus_is_warned_about(capsys, args, unit, warned):
+    # The default device is gpu and -G 0: such a job gets no GPU, and trains on the CPU without a word.
+    assert cli.main(["sbatch", *args, "--", "python", "train.py"]) == 0
+    said = capsys.readouterr()
+    assert f"# One task per {unit}: " in said.out
+    if warned is None:
+        assert "warning" not in said.err
+    else:
+        assert warned in said.err and "Give -G N" in said.err
+
+
 @pytest.mark.parametrize("limit", ["0", "infinite", "UNLIMITED"])
 def test_no_time_limit_in_each_of_slurms_spellings(capsys, limit):
     assert cli.main(["sbatch", "--time", limit, "--", "python", "train.py"]) == 0
