@@ -194,8 +194,8 @@ def require_mpi_launcher(env: DistEnv) -> None:
         raise RendezvousError(
             f"RANK={env.rank}, WORLD_SIZE={env.world_size} and LOCAL_RANK={env.local_rank} are set but MASTER_ADDR "
             "and MASTER_PORT are not, so no rank knows where rank 0 listens: export them too (rank 0's host and a "
-            "free port), or, under srun, unset RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE and let slurmdist "
-            "read srun's own variables"
+            "free port), or, under srun or mpirun, unset RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE and let "
+            "slurmdist read the launcher's own variables"
         )
     if env.launcher not in MPI_LAUNCHERS:
         raise RendezvousError(
