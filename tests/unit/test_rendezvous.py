@@ -90,7 +90,7 @@ def test_torchruns_variables_written_without_a_master_say_which_are_missing():
     # torchrun itself always exports MASTER_ADDR/PORT: this is a hand-written export (often in a job script).
     env = detect({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"})
     with pytest.raises(RendezvousError, match="RANK=1, WORLD_SIZE=2 and LOCAL_RANK=1 are set but MASTER_ADDR and "
-                                              "MASTER_PORT are not.*under srun, unset RANK"):
+                                              "MASTER_PORT are not.*under srun or mpirun, unset RANK"):
         resolve_master(env, environ={})
 
 
