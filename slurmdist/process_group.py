@@ -28,6 +28,7 @@ from .detection import detect, is_own_srun_task
 from .distenv import DistEnv
 from .envvars import require_mapping
 from .errors import BackendError, SlurmdistError
+from .mesh_store import GLOO_CONNECT_FACTOR, mesh_store
 from .store_watchdog import StoreWatchdog
 
 log = logging.getLogger("slurmdist")
@@ -48,7 +49,7 @@ _lock = threading.RLock()
 # destroyed it (`dist.destroy_process_group()`, the usual last line of a torch script).
 # `next_base`: the keys the next group meets under, which rank 0 marks on the store it stops serving.
 _state: dict = {"env": None, "store": None, "generation": 0, "atexit": False, "owned": False, "interface": None,
-                "group": None, "next_base": None}
+                "group": None, "next_base": None, "group_store": None}
 
 
 def init(
@@ -186,12 +187,14 @@ def _meet(env: DistEnv, deadline: bounds.Deadline, environ: Mapping[str, str], c
     meeting.store.set_timeout(timedelta(seconds=deadline.remaining()))
     try:
         _choose_gloo_interface(meeting, environ)
-        _init_group(env, meeting.store, meeting.keys.prefix, collective, deadline if eager else None)
+        group_store = _init_group(env, meeting.store, meeting.keys.prefix, collective, deadline if eager else None)
     except RuntimeError as exc:
         meeting.fail(exc)
         raise
     meeting.store.set_timeout(collective)  # later new_group() calls wait on the store as long as collectives
-    _state["store"] = meeting.store
+    # torch holds only the C++ side of a store written in Python (mesh_store): its Python side must live as
+    # long as the group, or the group's later store calls (new_group(), barriers) find none of its methods.
+    _state["store"], _state["group_store"] = meeting.store, group_store
     return env
 
 
@@ -238,20 +241,21 @@ def _set_interface(name: str) -> None:
 
 def _init_group(
     env: DistEnv, store: Any, prefix: str, collective: timedelta, deadline: Optional[bounds.Deadline] = None
-) -> None:
+) -> Any:
     """`init_process_group` on our store; with a `deadline`, connecting is bounded by it, then collectives
-    get their own (longer) timeout."""
+    get their own (longer) timeout. Returns the store the group was given."""
     import torch.distributed as dist
 
     world = getattr(dist.distributed_c10d, "_world", None)
     group_count = getattr(world, "group_count", None)
+    group_store = dist.PrefixStore(prefix + "/pg", store)
+    timeout = collective
+    if deadline is not None:  # gloo's peer-connect wait is 5 timeouts: see mesh_store
+        group_store = mesh_store(group_store, deadline.remaining)
+        timeout = timedelta(seconds=deadline.remaining() / GLOO_CONNECT_FACTOR)
     try:
         dist.init_process_group(
-            env.backend,
-            store=dist.PrefixStore(prefix + "/pg", store),
-            rank=env.rank,
-            world_size=env.world_size,
-            timeout=collective if deadline is None else timedelta(seconds=deadline.remaining()),
+            env.backend, store=group_store, rank=env.rank, world_size=env.world_size, timeout=timeout,
         )
     except BaseException:
         # torch numbers its groups per process, failed attempts included, and gloo meets under that number:
@@ -261,6 +265,8 @@ def _init_group(
         raise
     if deadline is not None:
         dist.distributed_c10d._set_pg_timeout(collective)
+        group_store.release()
+    return group_store
 
 
 def _can_retime() -> bool:
@@ -291,7 +297,7 @@ def shutdown() -> None:
                 dist.destroy_process_group()
         finally:  # whatever torch raised: the port and the interface choice are given back all the same
             _stop_serving(env)
-            _state["store"] = _state["group"] = None
+            _state["store"] = _state["group_store"] = _state["group"] = None
             _forget_interface()
 
 
@@ -314,7 +320,7 @@ def _live_env() -> Optional[DistEnv]:
             return _state["env"]
         log.debug("the process group init() formed was destroyed outside slurmdist; forgetting it")
         _stop_serving(_state["env"])
-        _state["env"] = _state["store"] = _state["group"] = None
+        _state["env"] = _state["store"] = _state["group_store"] = _state["group"] = None
         _forget_interface()
         return None
 

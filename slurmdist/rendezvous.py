@@ -370,6 +370,10 @@ class Keys:
     def arrived(self, rank: int) -> str:
         return f"{self.prefix}/arrived/{rank}"
 
+    def left(self, rank: int) -> str:
+        """Set by a rank that fails after the group began to form, before it raises."""
+        return f"{self.prefix}/left/{rank}"
+
     def moved_on(self) -> Optional[Tuple[str, str]]:
         """The state this attempt left, and the next attempt's: a failing rank swaps one for the other. None
         for keys made without reading the state (no state on the store names them)."""
@@ -541,7 +545,11 @@ class Rendezvous:
         `late`: this rank checked in after the others had given up, so the verdict names it as missing.
         `problem`: what this rank found wrong at check-in; it becomes the verdict unless one is already set,
         and this rank raises it whatever the verdict."""
+        gone = ""
         with self._store_errors(cause):
+            if cause is not None:  # the group failed: which ranks of this node left without a word?
+                self.store.set(self.keys.left(self.env.rank), "")  # not this one: it says why
+                gone = self._gone_here()
             if self.store.add(self.keys.reporter, 1) == 1 or problem is not None:
                 verdict = publish_once(self.store, self.keys.verdict, problem or self._missing_text())
             else:
@@ -557,11 +565,11 @@ class Rendezvous:
                 if problem is None:  # one that never counted itself in (a conflict) is not lingered for
                     self.store.add(self.keys.seen, 1)
                 if self.env.rank == 0:  # the store lives in this process: let the others read the verdict
-                    self._linger()
+                    self._linger(until_deadline=cause is not None)
         if problem is not None:
             verdict = problem
         elif cause is not None and (verdict == "go" or verdict.startswith(EVERY_RANK_ARRIVED)):
-            verdict = f"{EVERY_RANK_ARRIVED}, but: {first_line(cause)}{_mesh_straggler(cause)}"
+            verdict = f"{EVERY_RANK_ARRIVED}, but: {first_line(cause)}{_mesh_straggler(cause)}{gone}"
         elif cause is not None and verdict.startswith(NO_RANK_REPORTED):  # who arrived is unknown
             verdict = f"{verdict}; this rank: {first_line(cause)}{_mesh_straggler(cause)}"
         if late:
@@ -591,6 +599,25 @@ class Rendezvous:
                      "program's, a leftover run's: set MASTER_PORT to a free port)")
         return text
 
+    def _gone_here(self) -> str:
+        """For a group that failed after every rank checked in: the ranks of this node (the block of ranks this
+        one's local rank places it in, as srun, mpirun and torchrun number them) that have exited since, as a
+        clause; '' when none, or the store cannot say. A constant number of reads per rank."""
+        first = self.env.rank - self.env.local_rank
+        gone = []
+        try:
+            for rank in range(max(0, first), min(self.env.world_size, first + self.env.local_world_size)):
+                if rank == self.env.rank or self.store.check([self.keys.left(rank)]):
+                    continue
+                if _ended_here(_get(self.store, self.keys.arrived(rank))):
+                    gone.append(rank)
+        except RuntimeError:  # the store went away meanwhile (rank 0 exited): nothing more to learn from it
+            return ""
+        if not gone:
+            return ""
+        return (f" (rank(s) {compress_ranks(gone)} checked in from this node and have exited since: see their log for "
+                "why; gloo waits for a peer it was told about until its timeout)")
+
     def _wait_for_report(self) -> str:
         """The reporter's verdict; one of this rank's own when none comes in time."""
         grace = verdict_grace(self.env.world_size)
@@ -600,9 +627,14 @@ class Rendezvous:
             return publish_once(self.store, self.keys.verdict, f"{NO_RANK_REPORTED} within {grace:.0f} s")
         return _get(self.store, self.keys.verdict)
 
-    def _linger(self) -> None:
+    def _linger(self, until_deadline: bool = False) -> None:
+        """Keep the store up until every rank that checked in has read the verdict, for a verdict grace at most;
+        `until_deadline`: the group failed to form, and the others may still be inside gloo's own wait, which
+        the deadline bounds (see mesh_store): that long, plus the grace."""
         arrived = int(self.store.add(self.keys.count, 0))
         end = time.monotonic() + verdict_grace(self.env.world_size)
+        if until_deadline and not self.deadline.expired():
+            end += self.deadline.remaining()
         while self.store.add(self.keys.seen, 0) < arrived and time.monotonic() < end:
             time.sleep(0.01)
 
@@ -645,13 +677,23 @@ def _ended_here(holder: str) -> bool:
     found = re.fullmatch(r"(.*) \(pid (\d+)\)#[0-9a-f]*", holder)
     if found is None or found.group(1) != socket.gethostname():
         return False
+    pid = int(found.group(2))
     try:
-        os.kill(int(found.group(2)), 0)
+        os.kill(pid, 0)
     except ProcessLookupError:
         return True
     except OSError:  # it exists, as another user's process
         return False
-    return False
+    return _is_zombie(pid)  # ended, and its parent has not read its status yet
+
+
+def _is_zombie(pid: int) -> bool:
+    """Linux's process state 'Z' (elsewhere: False)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rpartition(b")")[2].split()[:1] == [b"Z"]
+    except OSError:
+        return False
 
 
 def _get(store: Any, key: str) -> str:

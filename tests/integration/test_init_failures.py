@@ -136,6 +136,52 @@ def test_a_caller_that_retries_after_the_mpi_share_timed_out_ends_normally():
     assert output.count("sum 2.0") == 2 and "MPI_ABORT" not in output, output
 
 
+# Rank 2 checks in, starts forming the gloo group (which publishes its address), then is killed; rank 3 comes
+# only after that. gloo waits 5 timeouts for a peer it was told about to connect.
+DIES_IN_THE_MESH = """
+import os, signal, sys, threading, time
+from pathlib import Path
+import slurmdist, torch
+rank, marker = int(os.environ["RANK"]), Path(sys.argv[1])
+def die_once_forming():
+    while "GLOO_SOCKET_IFNAME" not in os.environ:  # set after check-in, just before the group forms
+        time.sleep(0.01)
+    time.sleep(0.5)
+    marker.touch()
+    os.kill(os.getpid(), signal.SIGKILL)
+if rank == 2:
+    threading.Thread(target=die_once_forming, daemon=True).start()
+if rank == 3:
+    while not marker.exists():
+        time.sleep(0.05)
+started = time.monotonic()
+try:
+    slurmdist.init("gloo")
+except slurmdist.RendezvousError as exc:
+    print(f"after {time.monotonic() - started:.1f} s: {exc}", flush=True)
+    sys.exit(1)
+"""
+
+
+def test_a_rank_killed_while_the_group_forms_is_named_and_the_others_end_near_the_timeout(tmp_path):
+    # gloo's own wait for that rank's connection is 5 x the timeout it is given: 30 s here, 25 min by default.
+    port, timeout = free_port(), 6
+    procs = [subprocess.Popen([PYTHON, "-c", DIES_IN_THE_MESH, str(tmp_path / "killed")], text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              env=rank_environ(rank, 4, port, SLURMDIST_INIT_TIMEOUT=str(timeout)))
+             for rank in range(4)]
+    results = finish(procs)
+    assert results[2].returncode == -signal.SIGKILL
+    for rank in (0, 1, 3):
+        said = results[rank].stdout
+        assert results[rank].returncode == 1, results[rank].stderr
+        assert "rank(s) 2 checked in from this node and have exited since" in said, said
+        took = float(re.search(r"after ([\d.]+) s", said).group(1))
+        # The group's wait (at most the timeout once the last address came) and rank 0's wait for the others to
+        # read the verdict: well under gloo's own 30 s.
+        assert took < 2 * timeout + 10, said
+
+
 def test_unresolvable_master_names_the_host():
     [result] = finish(start_ranks([1], 2, free_port(), addr="no-such-node.invalid", SLURMDIST_INIT_TIMEOUT="20"))
     assert result.returncode != 0
