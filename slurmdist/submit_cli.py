@@ -41,15 +41,16 @@ def register(subparsers: Any) -> None:
     )
     shape = parser.add_argument_group("job shape")
     shape.add_argument("--nodes", "-N", type=int, default=1)
-    shape.add_argument("--gpus-per-node", type=int, default=0, help="one task per GPU")
+    shape.add_argument("--gpus-per-node", "-G", type=int, default=0, help="one task per GPU")
     shape.add_argument("--tasks-per-node", type=int, help="tasks per node for CPU-only jobs (default 1)")
-    shape.add_argument("--cpus-per-task", type=int)
+    shape.add_argument("--cpus-per-task", "-c", type=int)
     shape.add_argument("--time", "-t", default="60", help="time limit: minutes, HH:MM:SS or D-HH:MM:SS (default 60)")
     shape.add_argument("--partition", "-p")
     shape.add_argument("--account", "-A")
     shape.add_argument("--mem", help="memory per node with its unit, e.g. 32G or 500M")
     shape.add_argument("--sbatch", action="append", default=[], metavar="KEY=VALUE",
-                       help="any other #SBATCH option, e.g. --sbatch constraint=a100 (repeatable)")
+                       help="any other #SBATCH option, e.g. --sbatch constraint=a100, or a flag alone: --sbatch exclusive "
+                            "(repeatable)")
     shape.add_argument("--setup", action="append", default=[], metavar="LINE",
                        help="shell line run before srun, e.g. 'module load cuda' (repeatable)")
     shape.add_argument("--name", "-J", default="slurmdist", help="job name")

@@ -26,6 +26,15 @@ def test_options_become_submitter_arguments():
     assert command_of(args) == ["python", "train.py", "--steps", "5"]
 
 
+def test_the_short_options_are_slurmdist_sbatchs_and_sbatchs_own():
+    options = submitter_options(parse("-N", "2", "-G", "4", "-c", "8", "-t", "30", "-p", "gpu", "-A", "proj",
+                                      "-J", "run", "--", "true"))
+    assert {k: options[k] for k in ("nodes", "gpus_per_node", "cpus_per_task", "time", "partition", "account",
+                                    "name")} == {
+        "nodes": 2, "gpus_per_node": 4, "cpus_per_task": 8, "time": "30", "partition": "gpu", "account": "proj",
+        "name": "run"}
+
+
 def test_the_command_keeps_its_own_options_and_odd_characters():
     args = parse("--wait", "--", "python", "-c", "print('$(rm -rf /)'); x = 1 > 0", "--nodes", "3")
     assert command_of(args) == ["python", "-c", "print('$(rm -rf /)'); x = 1 > 0", "--nodes", "3"]
