@@ -54,6 +54,8 @@ def read(environ: Mapping[str, str]) -> Optional[DistEnv]:
         local_world_size = 1
     node_rank = read_count(environ, "GROUP_RANK")
     num_nodes = read_count(environ, "GROUP_WORLD_SIZE", minimum=1)
+    if node_rank is None and num_nodes is None and local_world_size == world_size:
+        node_rank, num_nodes = 0, 1  # every process is on this node (set by hand, or one process alone)
     # Named checks before DistEnv's own: the message then names the variables that disagree.
     check_index("torchrun", "RANK", rank, "WORLD_SIZE", world_size)
     check_index("torchrun", "LOCAL_RANK", local_rank, "LOCAL_WORLD_SIZE", local_world_size)

@@ -184,6 +184,17 @@ def test_torchrun_variables_are_taken_as_they_are():
     assert (env.master_addr, env.master_port) == ("localhost", 44343)
 
 
+@pytest.mark.parametrize("world, local, placed", [("1", None, (0, 1)), ("4", "4", (0, 1)), ("4", "2", (None, None))])
+def test_hand_set_torchrun_variables_place_the_node_only_when_every_rank_is_on_it(world, local, placed):
+    # No GROUP_RANK/GROUP_WORLD_SIZE (set by hand, as Kubeflow and job scripts do): one node when the local size
+    # is the world's, unknown otherwise.
+    environ = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": world, "MASTER_ADDR": "h", "MASTER_PORT": "1234"}
+    if local is not None:
+        environ["LOCAL_WORLD_SIZE"] = local
+    env = detect(environ)
+    assert (env.launcher, env.node_rank, env.num_nodes) == ("torchrun", *placed)
+
+
 def test_torchrun_inside_srun_wins_over_the_step():
     (torchrun_env,) = load_case("torchrun/standalone_np4")
     srun_task = load_case("slurm/srun_N2_tpn2")[3]
