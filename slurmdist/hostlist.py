@@ -594,7 +594,8 @@ def first(text: str) -> str:
     match = _re("first").match(text)
     if match is None:
         if not text.strip(", \t\n"):
-            raise HostlistError(f"Slurm hostlist {quoted(text)} names no host")
+            raise HostlistError(f"Slurm hostlist {quoted(text)} names no host, so it has no first one: give a list "
+                                "such as node[1-4] (outside a job, $SLURM_JOB_NODELIST is empty)")
         # The scan stops at the first bracket error, which lies in or right after the first item.
         _diagnose_brackets(text)
     start, item = match.start(1), match.group(1)

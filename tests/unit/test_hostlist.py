@@ -129,7 +129,7 @@ def test_huge_input_is_truncated_in_the_message() -> None:
 
 @pytest.mark.parametrize("text", ["", " ", ",,", "\n"])
 def test_first_of_an_empty_list_raises(text: str) -> None:
-    with pytest.raises(HostlistError, match="names no host"):
+    with pytest.raises(HostlistError, match="names no host, so it has no first one: give a list such as node"):
         first(text)
     assert expand(text) == [] and count(text) == 0
 
