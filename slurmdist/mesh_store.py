@@ -24,7 +24,7 @@ GLOO_CONNECT_FACTOR = 5
 _classes: List[Any] = []
 
 
-def mesh_store(inner: Any, address_wait: Callable[[], float]) -> Any:
+def mesh_store(inner: Any, address_wait: Optional[Callable[[], float]]) -> Any:
     """A store that behaves as `inner`, except that `wait()` waits `address_wait()` seconds whatever the caller
     asked, until `release()` is called on it."""
     if not _classes:
@@ -38,10 +38,12 @@ def _define() -> Any:
     class MeshStore(dist.Store):  # type: ignore[misc]  # torch is not type-checked here
         """`inner` with the address wait of the mesh: see the module's docstring."""
 
-        def __init__(self, inner: Any, address_wait: Callable[[], float]) -> None:
+        def __init__(self, inner: Any, address_wait: Optional[Callable[[], float]]) -> None:
             super().__init__()
             self.inner = inner
-            self.address_wait: Optional[Callable[[], float]] = address_wait
+            self.address_wait = address_wait
+            if getattr(inner, "timeout", None) is not None:  # a property on recent torch only
+                dist.Store.set_timeout(self, inner.timeout)  # what C++ callers read as this store's timeout
 
         def release(self) -> None:
             """From now on every wait is the caller's own (later groups, new_group(), barriers)."""
@@ -77,5 +79,13 @@ def _define() -> Any:
 
         def set_timeout(self, timeout: timedelta) -> None:
             self.inner.set_timeout(timeout)
+            dist.Store.set_timeout(self, timeout)
+
+        def clone(self) -> Any:  # torch's group splitting clones its parent's store (after release(): as is)
+            return self.inner.clone()
+
+        # torch calls these from C++ under their C++ names.
+        deleteKey = delete_key
+        getNumKeys = num_keys
 
     return MeshStore

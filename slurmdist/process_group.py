@@ -49,7 +49,7 @@ _lock = threading.RLock()
 # destroyed it (`dist.destroy_process_group()`, the usual last line of a torch script).
 # `next_base`: the keys the next group meets under, which rank 0 marks on the store it stops serving.
 _state: dict = {"env": None, "store": None, "generation": 0, "atexit": False, "owned": False, "interface": None,
-                "group": None, "next_base": None, "group_store": None}
+                "group": None, "next_base": None, "group_store": None, "formed": None}
 
 
 def init(
@@ -192,6 +192,12 @@ def _meet(env: DistEnv, deadline: bounds.Deadline, environ: Mapping[str, str], c
         meeting.fail(exc)
         raise
     meeting.store.set_timeout(collective)  # later new_group() calls wait on the store as long as collectives
+    # Rank 0 may be done and call shutdown() while another rank's init_process_group still reads the store it
+    # serves: the others say when they are done, and shutdown() waits for that (bounded) before closing it.
+    rank0_serves = not rendezvous.agent_serves_store(environ)
+    if rank0_serves and env.rank != 0:
+        meeting.store.add(meeting.keys.formed, 1)
+    _state["formed"] = (meeting.keys.formed, env.world_size - 1) if rank0_serves and env.rank == 0 else None
     # torch holds only the C++ side of a store written in Python (mesh_store): its Python side must live as
     # long as the group, or the group's later store calls (new_group(), barriers) find none of its methods.
     _state["store"], _state["group_store"] = meeting.store, group_store
@@ -249,10 +255,12 @@ def _init_group(
     world = getattr(dist.distributed_c10d, "_world", None)
     group_count = getattr(world, "group_count", None)
     group_store = dist.PrefixStore(prefix + "/pg", store)
-    timeout = collective
-    if deadline is not None:  # gloo's peer-connect wait is 5 timeouts: see mesh_store
-        group_store = mesh_store(group_store, deadline.remaining)
-        timeout = timedelta(seconds=deadline.remaining() / GLOO_CONNECT_FACTOR)
+    timeout, mesh = collective, None
+    if deadline is not None and _gloo_only(env.backend):  # gloo's peer-connect wait is 5 timeouts: see mesh_store
+        group_store = mesh = mesh_store(group_store, deadline.remaining)
+        timeout = timedelta(seconds=max(MIN_GROUP_TIMEOUT, deadline.remaining() / GLOO_CONNECT_FACTOR))
+    elif deadline is not None:
+        timeout = timedelta(seconds=deadline.remaining())
     try:
         dist.init_process_group(
             env.backend, store=group_store, rank=env.rank, world_size=env.world_size, timeout=timeout,
@@ -265,8 +273,20 @@ def _init_group(
         raise
     if deadline is not None:
         dist.distributed_c10d._set_pg_timeout(collective)
-        group_store.release()
+    if mesh is not None:
+        mesh.release()
+        mesh.set_timeout(collective)  # what later store calls of the group wait, as without the wrapper
     return group_store
+
+
+# torch counts a group's timeout in whole milliseconds, and 0 means none.
+MIN_GROUP_TIMEOUT = 0.01
+
+
+def _gloo_only(backend: Any) -> bool:
+    """'gloo', or a per-device form where every device gets gloo: no nccl part, whose threads would query a
+    store written in Python (mesh_store) for the group's whole life."""
+    return all(part.rpartition(":")[2].strip() == "gloo" for part in str(backend).split(","))
 
 
 def _can_retime() -> bool:
@@ -292,6 +312,7 @@ def shutdown() -> None:
             return
         import torch.distributed as dist
 
+        _wait_for_the_others_to_form()
         try:
             if _state["owned"] and dist.is_initialized() and _default_group() is _state["group"]:
                 dist.destroy_process_group()
@@ -319,6 +340,7 @@ def _live_env() -> Optional[DistEnv]:
         if _state["env"] is None or _default_group() is _state["group"]:
             return _state["env"]
         log.debug("the process group init() formed was destroyed outside slurmdist; forgetting it")
+        _wait_for_the_others_to_form()
         _stop_serving(_state["env"])
         _state["env"] = _state["store"] = _state["group_store"] = _state["group"] = None
         _forget_interface()
@@ -331,6 +353,25 @@ def _forget_interface() -> None:
     chosen, _state["interface"] = _state["interface"], None
     if chosen is not None and os.environ.get(interfaces.GLOO_INTERFACE_VARIABLE) == chosen:
         del os.environ[interfaces.GLOO_INTERFACE_VARIABLE]
+
+
+FORMED_GRACE = 5.0  # seconds rank 0's shutdown() waits for the others to finish forming the group
+
+
+def _wait_for_the_others_to_form() -> None:
+    """On rank 0, which serves the store: until every other rank's init_process_group is done with the store
+    (they count themselves when it returns), for FORMED_GRACE at most. A rank that died after forming never
+    counts itself: that costs this wait once."""
+    formed, _state["formed"] = _state["formed"], None
+    if formed is None or _state["store"] is None:
+        return
+    key, others = formed
+    end = time.monotonic() + FORMED_GRACE
+    try:
+        while _state["store"].add(key, 0) < others and time.monotonic() < end:
+            time.sleep(0.005)
+    except RuntimeError as exc:  # the store failed: nobody is left to wait for
+        log.debug("slurmdist: could not read how many ranks formed the group: %s", exc)
 
 
 def _stop_serving(env: DistEnv) -> None:

@@ -355,7 +355,8 @@ class Keys:
     never reads an earlier attempt's verdict, and a rank that missed an attempt meets the others' retry.
     `told` is the world size the first rank under `base` was told (None when the store was not asked)."""
 
-    __slots__ = ("base", "prefix", "attempt", "told", "state", "count", "verdict", "reporter", "seen", "reach")
+    __slots__ = ("base", "prefix", "attempt", "told", "state", "count", "verdict", "reporter", "seen", "reach",
+                 "formed")
 
     def __init__(self, base: str, attempt: int = 0, told: Optional[int] = None) -> None:
         self.base, self.attempt, self.told = base, attempt, told
@@ -366,6 +367,7 @@ class Keys:
         self.reporter = f"{prefix}/reporter"  # the first rank to notice a failure writes the verdict
         self.seen = f"{prefix}/seen"  # ranks that read a failed verdict (rank 0 waits for them)
         self.reach = f"{prefix}/reach"  # the address a rank on another node reached the master's node at
+        self.formed = f"{prefix}/formed"  # ranks done with their store calls inside init_process_group
 
     def arrived(self, rank: int) -> str:
         return f"{self.prefix}/arrived/{rank}"
@@ -607,7 +609,9 @@ class Rendezvous:
         gone = []
         try:
             for rank in range(max(0, first), min(self.env.world_size, first + self.env.local_world_size)):
-                if rank == self.env.rank or self.store.check([self.keys.left(rank)]):
+                # Not one that never checked in (a blocking read of its key would wait out the store's timeout).
+                if rank == self.env.rank or self.store.check([self.keys.left(rank)]) \
+                        or not self.store.check([self.keys.arrived(rank)]):
                     continue
                 if _ended_here(_get(self.store, self.keys.arrived(rank))):
                     gone.append(rank)

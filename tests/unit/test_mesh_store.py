@@ -36,3 +36,28 @@ def test_everything_else_passes_through():
     assert store.add("n", 2) == 2 and store.compare_set("a", "1", "2") == b"2"
     assert store.check(["a"]) and store.num_keys() == inner.num_keys()
     assert store.delete_key("a") and not inner.check(["a"])
+
+
+def test_torchs_cpp_callers_find_every_method():
+    # torch keeps the C++ side and calls it by C++ names (getNumKeys, deleteKey, clone): through a PrefixStore,
+    # as a group's own store calls it.
+    inner = torch.distributed.HashStore()
+    inner.set_timeout(timedelta(seconds=42))
+    store = mesh_store(inner, None)
+    through = torch.distributed.PrefixStore("group/", store)
+    through.set("a", "1")
+    assert through.num_keys() == inner.num_keys() == 1
+    assert through.delete_key("a") and not inner.check(["group/a"])
+    assert through.clone() is not None
+    assert store.timeout == timedelta(seconds=42)
+    store.set_timeout(timedelta(seconds=7))
+    assert store.timeout == inner.timeout == timedelta(seconds=7)
+
+
+@pytest.mark.parametrize("backend, alone", [
+    ("gloo", True), ("cpu:gloo,cuda:gloo", True), ("cpu:gloo, cuda:nccl", False), ("nccl", False),
+])
+def test_only_groups_that_are_gloo_alone_form_on_it(backend, alone):
+    from slurmdist.process_group import _gloo_only
+
+    assert _gloo_only(backend) is alone
