@@ -196,7 +196,10 @@ def _meet(env: DistEnv, deadline: bounds.Deadline, environ: Mapping[str, str], c
     # serves: the others say when they are done, and shutdown() waits for that (bounded) before closing it.
     rank0_serves = not rendezvous.agent_serves_store(environ)
     if rank0_serves and env.rank != 0:
-        meeting.store.add(meeting.keys.formed, 1)
+        try:
+            meeting.store.add(meeting.keys.formed, 1)
+        except RuntimeError as exc:  # rank 0 is gone already: the first collective says so, with its own bound
+            log.debug("slurmdist: rank %d could not say it formed the group: %s", env.rank, exc)
     _state["formed"] = (meeting.keys.formed, env.world_size - 1) if rank0_serves and env.rank == 0 else None
     # torch holds only the C++ side of a store written in Python (mesh_store): its Python side must live as
     # long as the group, or the group's later store calls (new_group(), barriers) find none of its methods.
