@@ -14,6 +14,7 @@ the group lives, or torch finds none of its methods ("Not implemented").
 
 from __future__ import annotations
 
+import functools
 from datetime import timedelta
 from typing import Any, Callable, List, Optional
 
@@ -21,17 +22,13 @@ from typing import Any, Callable, List, Optional
 # initial connect").
 GLOO_CONNECT_FACTOR = 5
 
-_classes: List[Any] = []
-
-
 def mesh_store(inner: Any, address_wait: Optional[Callable[[], float]]) -> Any:
     """A store that behaves as `inner`, except that `wait()` waits `address_wait()` seconds whatever the caller
     asked, until `release()` is called on it."""
-    if not _classes:
-        _classes.append(_define())
-    return _classes[0](inner, address_wait)
+    return _define()(inner, address_wait)
 
 
+@functools.lru_cache(maxsize=None)  # defined once, on first use: it subclasses torch's Store
 def _define() -> Any:
     import torch.distributed as dist
 

@@ -194,13 +194,13 @@ def _meet(env: DistEnv, deadline: bounds.Deadline, environ: Mapping[str, str], c
     meeting.store.set_timeout(collective)  # later new_group() calls wait on the store as long as collectives
     # Rank 0 may be done and call shutdown() while another rank's init_process_group still reads the store it
     # serves: the others say when they are done, and shutdown() waits for that (bounded) before closing it.
-    rank0_serves = not rendezvous.agent_serves_store(environ)
-    if rank0_serves and env.rank != 0:
+    serves_here = rendezvous.serves_store(env, environ)
+    if not serves_here and not rendezvous.agent_serves_store(environ):
         try:
             meeting.store.add(meeting.keys.formed, 1)
         except RuntimeError as exc:  # rank 0 is gone already: the first collective says so, with its own bound
             log.debug("slurmdist: rank %d could not say it formed the group: %s", env.rank, exc)
-    _state["formed"] = (meeting.keys.formed, env.world_size - 1) if rank0_serves and env.rank == 0 else None
+    _state["formed"] = (meeting.keys.formed, env.world_size - 1) if serves_here else None
     # torch holds only the C++ side of a store written in Python (mesh_store): its Python side must live as
     # long as the group, or the group's later store calls (new_group(), barriers) find none of its methods.
     _state["store"], _state["group_store"] = meeting.store, group_store
@@ -289,7 +289,7 @@ MIN_GROUP_TIMEOUT = 0.01
 def _gloo_only(backend: Any) -> bool:
     """'gloo', or a per-device form where every device gets gloo: no nccl part, whose threads would query a
     store written in Python (mesh_store) for the group's whole life."""
-    return all(part.rpartition(":")[2].strip() == "gloo" for part in str(backend).split(","))
+    return set(backends.parse_backend(str(backend)).values()) == {"gloo"}
 
 
 def _can_retime() -> bool:
@@ -369,10 +369,8 @@ def _wait_for_the_others_to_form() -> None:
     if formed is None or _state["store"] is None:
         return
     key, others = formed
-    end = time.monotonic() + FORMED_GRACE
     try:
-        while _state["store"].add(key, 0) < others and time.monotonic() < end:
-            time.sleep(0.005)
+        rendezvous.wait_for_count(_state["store"], key, others, FORMED_GRACE, pause=0.005)
     except RuntimeError as exc:  # the store failed: nobody is left to wait for
         log.debug("slurmdist: could not read how many ranks formed the group: %s", exc)
 

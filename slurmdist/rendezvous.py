@@ -23,7 +23,7 @@ import time
 from datetime import timedelta
 from typing import Any, Iterator, List, Mapping, Optional, Sequence, Tuple
 
-from . import store_server
+from . import procfs, store_server
 from .background import call_with_timeout
 from .bounds import Deadline, init_timeout, poll_pauses, timeout_knob
 from .distenv import LOOPBACK, DistEnv
@@ -636,11 +636,10 @@ class Rendezvous:
         `until_deadline`: the group failed to form, and the others may still be inside gloo's own wait, which
         the deadline bounds (see mesh_store): that long, plus the grace."""
         arrived = int(self.store.add(self.keys.count, 0))
-        end = time.monotonic() + verdict_grace(self.env.world_size)
+        seconds = verdict_grace(self.env.world_size)
         if until_deadline and not self.deadline.expired():
-            end += self.deadline.remaining()
-        while self.store.add(self.keys.seen, 0) < arrived and time.monotonic() < end:
-            time.sleep(0.01)
+            seconds += self.deadline.remaining()
+        wait_for_count(self.store, self.keys.seen, arrived, seconds)
 
     @contextlib.contextmanager
     def _store_errors(self, cause: Optional[BaseException] = None) -> Iterator[None]:
@@ -693,11 +692,14 @@ def _ended_here(holder: str) -> bool:
 
 def _is_zombie(pid: int) -> bool:
     """Linux's process state 'Z' (elsewhere: False)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            return stat.read().rpartition(b")")[2].split()[:1] == [b"Z"]
-    except OSError:
-        return False
+    return procfs.stat_fields(procfs.read(f"/proc/{pid}/stat") or "")[:1] == ["Z"]
+
+
+def wait_for_count(store: Any, key: str, count: int, seconds: float, pause: float = 0.01) -> None:
+    """Poll the counter `key` on `store` until it reaches `count`, for `seconds` at most."""
+    end = time.monotonic() + seconds
+    while store.add(key, 0) < count and time.monotonic() < end:
+        time.sleep(pause)
 
 
 def _get(store: Any, key: str) -> str:
