@@ -97,8 +97,7 @@ def validate(spec: JobSpec) -> JobSpec:
     _check("partition", spec.partition, _NAME, "_ . + - (a comma-separated list is fine)")
     _check("account", spec.account, _NAME, "_ . + -")
     if not _TIME.fullmatch(spec.time):
-        raise SbatchError(f"--time {spec.time!r} is not a time limit Slurm takes: use MINUTES, HH:MM:SS, D-HH:MM:SS "
-                          "(or 0 or infinite for none)")
+        raise _not_a_time(spec.time)
     _check("output", spec.output, _PATH, "_ . / % + - (%x job name, %j job id)")
     # Errors quote the value as the user wrote it.
     typed = f"--signal {spec.signal!r}" if spec.signal is not None else f"the default --signal {DEFAULT_SIGNAL}"
@@ -135,6 +134,12 @@ def validate(spec: JobSpec) -> JobSpec:
     return spec
 
 
+def _not_a_time(time: str) -> SbatchError:
+    """The error for a --time sbatch would not take: its forms, not how submit's time= parser words it."""
+    return SbatchError(f"--time {time!r} is not a time limit Slurm takes: use MINUTES, HH:MM:SS, D-HH:MM:SS (or 0 or "
+                       "infinite for none)")
+
+
 def _check_signal_delay(spec: JobSpec, typed: str) -> None:
     """The warning must come after the job started, and Slurm's --signal takes at most 65535 s. A job warned as
     it starts saves, requeues, is warned again: requeued until its limit of requeues."""
@@ -148,8 +153,7 @@ def _check_signal_delay(spec: JobSpec, typed: str) -> None:
         # In whole minutes, rounded up, as Slurm keeps the limit (00:03:01: 4); 0, 00:00:00, 0-0: no limit.
         minutes = None if _NO_LIMIT.fullmatch(spec.time) else parse_time(spec.time)
     except SubmitError:  # its message names Python's time=, not this option
-        raise SbatchError(f"--time {spec.time!r} is not a time limit Slurm takes: use MINUTES, HH:MM:SS, "
-                          "D-HH:MM:SS (or 0 or infinite for none)") from None
+        raise _not_a_time(spec.time) from None
     problem = signal_delay_problem(delay, minutes, what=typed,
                                    within=f"--time {spec.time}", time_name="--time", delay_name="the delay after @")
     if problem is not None:
