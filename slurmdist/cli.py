@@ -197,7 +197,9 @@ def _gloo_interface(env: DistEnv) -> Optional[str]:
     from . import interfaces
     from .hosts import addresses, names_this_host
 
-    if not interfaces.wanted(env.world_size, os.environ) or env.master_addr is None:
+    # A single process too, as init() does: its gloo would otherwise look up this host's name (a DNS query,
+    # a 5 s stall where DNS is broken) for a group that talks to no one.
+    if interfaces.user_choice(os.environ) is not None or env.master_addr is None:
         return None
     single_node = env.local_world_size == env.world_size
     # Resolved: a name that resolves, or Slurm's NodeAddr for one that does not.

@@ -146,6 +146,14 @@ def test_run_points_gloo_at_the_interface_towards_the_master(extra, interface):
     assert result.stdout.strip() == str(default_route_device() if interface == "default route" else interface)
 
 
+def test_run_binds_a_single_process_gloo_to_loopback_as_init_does():
+    probe = "import os; print(os.environ.get('GLOO_SOCKET_IFNAME'))"
+    environ = {k: v for k, v in clean_environ().items() if k != "GLOO_SOCKET_IFNAME"}
+    result = slurmdist("run", "--", sys.executable, "-c", probe, environ=environ)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "lo"
+
+
 def test_run_reports_a_missing_command():
     task = {**load_case("slurm/srun_N2_tpn2")[0], "MASTER_ADDR": "localhost"}
     result = slurmdist("run", "--", "no-such-command-xyz", environ=clean_environ(**task))
