@@ -237,7 +237,7 @@ def plan(environ: Mapping[str, str], limit: int, local_restarts: int = 0) -> Pla
 def _requeue_id(environ: Mapping[str, str], job_id: str) -> str:
     """The id that names this job alone. One element of an array has SLURM_JOB_ID equal to SLURM_ARRAY_JOB_ID
     (the array's own record: element 1 of 0-1 on the local cluster), which scontrol reads as the whole array:
-    every element, finished ones included, would be requeued. `ARRAYJOB_TASK` names only this element."""
+    every element, finished ones included, would be requeued. `<array job id>_<index>` names only this element."""
     array_job = environ.get("SLURM_ARRAY_JOB_ID", "").strip()
     task = environ.get("SLURM_ARRAY_TASK_ID", "").strip()
     return f"{array_job}_{task}" if array_job and task else job_id
