@@ -138,12 +138,11 @@ def _start_group(env: DistEnv, deadline: bounds.Deadline, environ: Mapping[str, 
 
     collective = timedelta(seconds=_collective_timeout(environ))
     if dist.is_initialized():
-        shape = (dist.get_rank(), dist.get_world_size())
-        if shape != (env.rank, env.world_size):  # the env would size samplers and shards for another group
+        mismatch = _shape_mismatch(env)
+        if mismatch:  # the env would size samplers and shards for another group
             raise SlurmdistError(
-                f"torch.distributed was initialised outside slurmdist as rank {shape[0]} of {shape[1]}, but the "
-                f"launch ({env.launcher}) says rank {env.rank} of {env.world_size}: slurmdist cannot adopt a group "
-                "of another shape. Form the group with slurmdist.init() only, or destroy yours first "
+                f"torch.distributed was initialised outside slurmdist as {mismatch}: slurmdist cannot adopt a "
+                "group of another shape. Form the group with slurmdist.init() only, or destroy yours first "
                 "(torch.distributed.destroy_process_group())"
             )
         warnings.warn("torch.distributed was initialised outside slurmdist; adopting that group", stacklevel=3)
@@ -152,6 +151,15 @@ def _start_group(env: DistEnv, deadline: bounds.Deadline, environ: Mapping[str, 
     _state["owned"] = True
     if env.backend == "mpi":  # the MPI runtime did the rendezvous when the launcher started us
         dist.init_process_group("mpi", timeout=collective)
+        mismatch = _shape_mismatch(env)
+        if mismatch:  # each process started MPI alone: nothing would be synchronised, and nothing would say so
+            dist.destroy_process_group()
+            raise BackendError(
+                f"backend 'mpi': MPI started this process as {mismatch}. The processes were not started "
+                "together by an MPI launcher this MPI understands (torchrun, `slurmdist run`, or srun without "
+                "the PMI this MPI was built for: see `srun --mpi=list`). Start them with mpirun, or srun "
+                "--mpi=pmix (or pmi2), or use backend='gloo' or 'nccl', which do not need MPI to start them"
+            )
         return env
     if env.world_size == 1:  # no network at all: an in-memory store, and gloo told to bind loopback
         _choose_loopback(env, environ)
@@ -171,6 +179,16 @@ def _start_group(env: DistEnv, deadline: bounds.Deadline, environ: Mapping[str, 
         dist.destroy_process_group()
         raise rendezvous.store_stopped_answering(env, deadline)
     return formed
+
+
+def _shape_mismatch(env: DistEnv) -> Optional[str]:
+    """What the formed default group says against what the launch says, when the two disagree; else None."""
+    import torch.distributed as dist
+
+    rank, size = dist.get_rank(), dist.get_world_size()
+    if (rank, size) == (env.rank, env.world_size):
+        return None
+    return f"rank {rank} of {size}, but the launch ({env.launcher}) says rank {env.rank} of {env.world_size}"
 
 
 def _meet(env: DistEnv, deadline: bounds.Deadline, environ: Mapping[str, str], collective: timedelta) -> DistEnv:

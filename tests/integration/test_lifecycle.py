@@ -286,6 +286,24 @@ def test_a_group_formed_outside_slurmdist_of_another_shape_is_refused(single):
     assert not slurmdist.is_initialized() and works()
 
 
+def test_an_mpi_group_that_started_alone_is_refused(single, monkeypatch):
+    """backend='mpi' under a launcher MPI does not know (torchrun here): MPI starts each process alone, as
+    rank 0 of 1. No torch wheel has MPI built in, so the start is stood in for by what it forms: a group of one."""
+    form = dist.init_process_group
+
+    def lone_mpi_start(backend, **kwargs):
+        assert backend == "mpi"
+        form("gloo", store=dist.HashStore(), rank=0, world_size=1)
+
+    monkeypatch.setattr(dist, "is_mpi_available", lambda: True)
+    monkeypatch.setattr(dist, "init_process_group", lone_mpi_start)
+    launch = rank_environ(1, 2, free_port())
+    with pytest.raises(slurmdist.BackendError, match=r"MPI started this process as rank 0 of 1, but the launch "
+                       r"\(torchrun\) says rank 1 of 2.*mpirun"):
+        slurmdist.init("mpi", environ=launch)
+    assert not dist.is_initialized() and not slurmdist.is_initialized()
+
+
 BARRIER_ALONE = """
 import time, slurmdist
 env = slurmdist.init("gloo", timeout=60)
