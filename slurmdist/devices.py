@@ -141,6 +141,9 @@ def device_ordinal(
         return local_rank % device_count
     # Every rank of the node stops here, not only those without a device: the others would wait for them
     # until the rendezvous timed out.
+    on_node = whole_number(environ.get("SLURM_GPUS_ON_NODE", "")) if device_type == "cuda" else None
+    if task_is_rank and on_node is not None and device_count < on_node and local_world_size <= on_node:
+        raise _given_a_part(local_world_size, device_count, on_node, visibility(device_type, environ))
     raise _too_few(device_type, local_world_size, device_count, f"visible ({visibility(device_type, environ)})",
                    task_is_rank)
 
@@ -158,6 +161,19 @@ def _too_few(device_type: str, ranks: int, devices: int, seen: str, task_is_rank
         f"or set {SHARE_VARIABLE}=1 to let ranks share them (also what to set when your launcher or a wrapper "
         "already gives each rank its own device: jsrun -g1, an affinity script exporting the visibility variable "
         "per rank)"
+    )
+
+
+def _given_a_part(ranks: int, seen: int, on_node: int, visible: str) -> BackendError:
+    """The node has a GPU for every task, but Slurm left each task a few it shares with others (`--gpu-bind=
+    closest`: the GPUs near the task's socket). Which of them is this task's depends on how srun spread the
+    tasks over the sockets, which a task cannot see; fewer tasks, as the generic advice says, is wrong here."""
+    return BackendError(
+        f"{ranks} tasks on this node, which has {on_node} GPUs (SLURM_GPUS_ON_NODE={on_node}), but Slurm left this "
+        f"task {seen} of them ({visible}), shared with other tasks (--gpu-bind=closest or a per-socket binding), so "
+        "local rank cannot tell which one is its own. Ask srun for one GPU per task: --gpus-per-task=1 (with "
+        f"--gpu-bind=closest to keep it near the task's cores). {SHARE_VARIABLE}=1 would make ranks pick among "
+        "the visible GPUs by local rank, which can put two ranks on one GPU while another sits idle"
     )
 
 

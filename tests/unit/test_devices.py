@@ -246,6 +246,19 @@ def test_one_gpu_each_but_fewer_gpus_on_the_node_than_tasks_is_refused(case):
                           task_is_rank=True) == 0
 
 
+def test_tasks_left_a_shared_part_of_enough_gpus_are_told_to_ask_for_one_each():
+    # srun -n4 --gpus-per-node=4 --gpu-bind=closest, two GPUs per socket: each task sees its socket's two. The
+    # node has a GPU per task, so "start fewer tasks" would be the wrong advice.
+    for local_rank, visible in enumerate(["0,1", "2,3", "0,1", "2,3"]):
+        environ = {"CUDA_VISIBLE_DEVICES": visible, "SLURM_GPUS_ON_NODE": "4", "SLURMD_TRES_BIND": "gpu:closest"}
+        with pytest.raises(BackendError, match=r"4 tasks on this node, which has 4 GPUs \(SLURM_GPUS_ON_NODE=4\), "
+                                               r"but Slurm left this task 2 of them .*--gpus-per-task=1"):
+            device_ordinal("cuda", local_rank, 4, 2, environ, task_is_rank=True)
+        # Ranks torchrun starts inside one task share what it sees: the generic advice stands for them.
+        with pytest.raises(BackendError, match="torchrun --nproc-per-node=2"):
+            device_ordinal("cuda", local_rank, 4, 2, environ, task_is_rank=False)
+
+
 def test_the_steps_own_gpus_per_task_wins_over_the_jobs_inherited_one():
     # sbatch --gpus-per-task=1 (exported as SLURM_GPUS_PER_TASK), then `srun -n4 --gpus-per-task=2` in the script.
     step = {"SLURM_GPUS_PER_TASK": "1", "SLURMD_TRES_BIND": "gpu:per_task:2", "SLURM_GPUS_ON_NODE": "8",
