@@ -128,6 +128,14 @@ def device_ordinal(
             f"ask the scheduler for devices ({ask}) or run on the CPU with backend='gloo'"
         )
     if narrowed_per_task(environ, device_type, device_count, task_is_rank):
+        if device_type == "npu" and local_rank > 0 and _npu_0_alone(environ) and not _sharing(environ, share):
+            raise BackendError(
+                f"local rank {local_rank} sees only NPU 0 ({visibility(device_type, environ)}), which is what an "
+                "`export ASCEND_RT_VISIBLE_DEVICES=$SLURM_LOCALID` in the batch script gives every task: it expands "
+                "once, in the batch step, whose SLURM_LOCALID is 0, so all the node's ranks would share NPU 0. Set "
+                "it in each task instead: srun bash -c 'ASCEND_RT_VISIBLE_DEVICES=$SLURM_LOCALID exec python "
+                f"train.py'; or, if they are meant to share it, set {SHARE_VARIABLE}=1"
+            )
         on_node = whole_number(environ.get("SLURM_GPUS_ON_NODE", "")) if device_type == "cuda" else None
         if on_node is None or local_world_size <= on_node or _sharing(environ, share):
             return 0
@@ -146,6 +154,10 @@ def device_ordinal(
         raise _given_a_part(local_world_size, device_count, on_node, visibility(device_type, environ))
     raise _too_few(device_type, local_world_size, device_count, f"visible ({visibility(device_type, environ)})",
                    task_is_rank)
+
+
+def _npu_0_alone(environ: Mapping[str, str]) -> bool:
+    return [d.strip() for d in environ.get("ASCEND_RT_VISIBLE_DEVICES", "").split(",") if d.strip()] == ["0"]
 
 
 def _sharing(environ: Mapping[str, str], share: Optional[bool]) -> bool:

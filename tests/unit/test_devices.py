@@ -199,6 +199,16 @@ def test_npu_narrowed_per_task_is_ordinal_zero(case):
         narrowed = {**task, "ASCEND_RT_VISIBLE_DEVICES": task["SLURM_LOCALID"]}
         assert ordinal(narrowed, 1, device_type="npu") == 0
         assert ordinal(under_slurmdist_run(narrowed), 1, device_type="npu") == 0
+    # The same line in the batch script instead expands once, to the batch step's 0: every task on NPU 0.
+    for task in case("slurm/srun_N2_tpn2"):
+        stacked = {**task, "ASCEND_RT_VISIBLE_DEVICES": "0"}
+        for environ in (stacked, under_slurmdist_run(stacked)):
+            if environ["SLURM_LOCALID"] == "0":
+                assert ordinal(environ, 1, device_type="npu") == 0
+                continue
+            with pytest.raises(BackendError, match=r"local rank 1 sees only NPU 0 .*in the batch script.*srun bash"):
+                ordinal(environ, 1, device_type="npu")
+            assert ordinal({**environ, "SLURMDIST_SHARE_DEVICES": "1"}, 1, device_type="npu") == 0
     # Two NPUs left to a task of two local ranks: local rank picks among them, as before.
     assert ordinal({**case("slurm/srun_N2_tpn2")[1], "ASCEND_RT_VISIBLE_DEVICES": "2,3"}, 2, device_type="npu") == 1
 
