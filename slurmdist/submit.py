@@ -320,21 +320,15 @@ def slurm_parameters(resources: Resources) -> Dict[str, Any]:
     return params
 
 
-KEEP_SHELL_AS_PARENT = "trap : EXIT"
-
-
 def local_parameters(resources: Resources) -> Dict[str, Any]:
     """`submitit.LocalExecutor.update_parameters` arguments: every task of every node on this machine."""
     params: Dict[str, Any] = {
         "tasks_per_node": resources.world_size,
         "timeout_min": parse_time(resources.time),
         "signal_delay_s": resources.signal_delay,
-        # With setup lines submitit starts its controller through `sh -c "SETUP && CONTROLLER"`, and the
-        # controller takes its parent, the shell, for the job. Where sh is bash (RHEL, Fedora), bash execs the
-        # last command of that list itself, so the parent is the submitting process and the controller writes
-        # under a wrong job id. A trap keeps bash from exec'ing (as dash never does); it does nothing at exit.
-        # The signal variables go through the environment (see `Submitter`) for the same reason.
-        "setup": [KEEP_SHELL_AS_PARENT, *resources.setup] if resources.setup else [],
+        # Run in bash before the controller starts (see local_jobs); the signal variables go through the
+        # environment (see `Submitter`).
+        "setup": list(resources.setup),
     }
     if resources.gpus_per_node:
         params["gpus_per_node"] = resources.nodes * resources.gpus_per_node
@@ -450,7 +444,9 @@ def build_executor(resources: Resources, cluster: str, folder: Path, python: Opt
         raise SubmitError("slurmdist.submit needs submitit: pip install submitit (or \".[submit]\" in slurmdist's "
                           "checkout)") from None
     if cluster == "local":
-        local = submitit.LocalExecutor(folder=folder, python=python)
+        from .local_jobs import LocalBatchExecutor
+
+        local = LocalBatchExecutor(folder=folder, python=python)
         local.update_parameters(**local_parameters(resources))
         return local
     slurm = submitit.SlurmExecutor(folder=folder, python=python)

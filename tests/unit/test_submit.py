@@ -488,17 +488,42 @@ def test_cpus_per_task_reaches_srun_through_the_batch_script():
     assert not any("SRUN_CPUS_PER_TASK" in line for line in environment_lines(Resources()))
 
 
-def test_local_jobs_start_their_controller_without_a_shell_unless_the_user_gave_setup_lines():
+def test_local_jobs_hand_their_setup_lines_to_the_controllers_wrapper():
     assert local_parameters(Resources())["setup"] == []
+    assert local_parameters(Resources(setup=["module load cuda"]))["setup"] == ["module load cuda"]
+
+
+def test_a_local_jobs_wrapper_runs_setup_as_a_batch_script_then_becomes_the_controller(tmp_path):
+    # `source` (not in dash), a failed line that does not stop the next (as in a batch script), the lines'
+    # output appended to task 0's logs under the job id, and the controller in the wrapper's place: its pid,
+    # which is the job's id, and the environment the lines made.
+    from slurmdist.local_jobs import task_0_logs, wrapper_script
+
+    (tmp_path / "act.sh").write_text("export FOO=bar\necho activated\n")
+    out, err = task_0_logs(tmp_path / "logs" / "%j", stderr_to_stdout=False)
+    controller = [sys.executable, "-c", "import os; print('controller', os.getpid(), os.environ['FOO'])"]
+    wrapper = subprocess.Popen(
+        [require("bash"), "-c", wrapper_script(["source act.sh", "no-such-module-command cuda/12.1"]), "job",
+         *controller],
+        cwd=tmp_path, env={"PATH": os.environ["PATH"], "SLURMDIST_LOCAL_OUT": out, "SLURMDIST_LOCAL_ERR": err},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    said, complained = wrapper.communicate(timeout=30)
+    assert wrapper.returncode == 0 and not said and not complained
+    job = str(wrapper.pid)
+    logs = tmp_path / "logs" / job
+    assert (logs / f"{job}_0_log.out").read_text().splitlines() == ["activated", f"controller {job} bar"]
+    assert "no-such-module-command" in (logs / f"{job}_0_log.err").read_text()
 
 
 @pytest.mark.parametrize("shell", ["bash", "dash"])
-def test_with_setup_lines_a_local_controllers_parent_is_the_shell_that_is_the_job(shell):
-    # submitit runs `sh -c "SETUP && CONTROLLER"` and the controller takes its parent (getppid) for the job;
-    # bash would exec the controller itself, leaving the submitting process as its parent.
-    setup = local_parameters(Resources(setup=["export FOO=bar"]))["setup"]
+def test_without_bash_a_local_controllers_parent_is_still_the_shell_that_is_the_job(shell):
+    # The fallback to submitit's own start, `sh -c "SETUP && CONTROLLER"`: the controller takes its parent
+    # (getppid) for the job, and a shell that execs the last command itself would leave the submitter as it.
+    from slurmdist.local_jobs import KEEP_SHELL_AS_PARENT
+
     controller = shlex.join([sys.executable, "-c", "import os; print(os.getppid(), os.environ['FOO'])"])
-    shell_process = subprocess.Popen([require(shell), "-c", " && ".join([*setup, controller])],
+    shell_process = subprocess.Popen([require(shell), "-c", " && ".join([KEEP_SHELL_AS_PARENT, "export FOO=bar",
+                                                                         controller])],
                                      stdout=subprocess.PIPE, text=True)
     out, _ = shell_process.communicate(timeout=30)
     assert out.split() == [str(shell_process.pid), "bar"]
