@@ -79,6 +79,24 @@ SENT_WHEN_ENDING = {
                     "so the job would stop without saving",
 }
 
+_CRASH = "reports a crash (of this process or of a library in it)"
+_TIMER = "is what timers send (signal.alarm, profilers)"
+_JOB_CONTROL = "is terminal job control, sent by the kernel and shells"
+# Signals the kernel or the process's own libraries send without any warning meant: each would checkpoint and
+# requeue a job that was told nothing. SIGURG is left: only TCP urgent data, which nothing here uses, sends it.
+SENT_ON_THEIR_OWN = {
+    signal.SIGCHLD: "is what the kernel sends whenever a child process ends (a DataLoader worker, any subprocess)",
+    signal.SIGPIPE: "is what the kernel sends when a process writes to a pipe nobody reads",
+    signal.SIGWINCH: "is what a terminal sends when its window changes size",
+    signal.SIGXFSZ: "is what the kernel sends when a file grows past the size limit",
+    signal.SIGIO: "is what the kernel sends for asynchronous I/O",
+    signal.SIGINT: "is what Ctrl-C and a local job's cancel send, which would then requeue the job, not stop it",
+    **dict.fromkeys((signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGILL, signal.SIGABRT, signal.SIGTRAP,
+                     signal.SIGSYS), _CRASH),
+    **dict.fromkeys((signal.SIGALRM, signal.SIGVTALRM, signal.SIGPROF), _TIMER),
+    **dict.fromkeys((signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU), _JOB_CONTROL),
+}
+
 
 __all__ = ["RequeueError", "Preemption", "Resumable", "install", "restart_count"]
 
@@ -133,9 +151,9 @@ def parse_signal(spec: SignalSpec = None, environ: Optional[Mapping[str, str]] =
             ) from None
     if sig in UNCATCHABLE:
         raise RequeueError(f"{named} cannot be caught, so no checkpoint could follow it; use e.g. USR2")
-    if sig in SENT_WHEN_ENDING:
-        raise RequeueError(f"{named} {SENT_WHEN_ENDING[sig]}; use a signal that only the warning sends, e.g. USR2 "
-                           "(the default)")
+    why = SENT_WHEN_ENDING.get(sig) or SENT_ON_THEIR_OWN.get(sig)
+    if why:
+        raise RequeueError(f"{named} {why}; use a signal that only the warning sends, e.g. USR2 (the default)")
     return sig
 
 

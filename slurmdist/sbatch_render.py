@@ -163,7 +163,7 @@ def _check_signal_delay(spec: JobSpec, typed: str) -> None:
 def _in_slurms_spelling(value: str, typed: str) -> str:
     """A --signal value in Slurm's format, checked to name a signal the tasks can catch (the script tells the
     command to save and requeue when it comes), spelled as sbatch takes it: `SIGUSR2@90` is `USR2@90`, and a
-    signal sbatch knows by number only (`WINCH`) is its number."""
+    signal sbatch knows by number only (`PWR`) is its number."""
     from .requeue import RequeueError, parse_signal, slurm_name
 
     scope, name, delay = _signal_parts(value)

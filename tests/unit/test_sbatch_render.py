@@ -249,9 +249,9 @@ def test_the_warning_signal_is_spelled_as_slurm_does_and_explained_at_the_top():
         script = render(JobSpec(command=("python", "t.py"), time="30", signal=spelled))
         assert "every task gets SIGUSR2 300 s" in script
         assert re.search(r"^#SBATCH --signal=(R:)?USR2@300$", script, re.MULTILINE), script
-    # sbatch refuses WINCH by name (an invalid --signal specification) and takes its number.
-    script = render(JobSpec(command=("python", "t.py"), time="30", signal="winch@300"))
-    assert f"#SBATCH --signal={int(signal.SIGWINCH)}@300\n" in script and "every task gets SIGWINCH" in script
+    # sbatch refuses PWR by name (an invalid --signal specification) and takes its number.
+    script = render(JobSpec(command=("python", "t.py"), time="30", signal="pwr@300"))
+    assert f"#SBATCH --signal={int(signal.SIGPWR)}@300\n" in script and "every task gets SIGPWR" in script
     assert "kills it" not in render(JobSpec(command=("python", "t.py"), signal=""))
     for unlimited in ("0", "00", "0:00", "00:00:00", "0-0", "0-00:00:00"):  # Slurm's "no limit", however written
         assert f"#SBATCH --time={unlimited}\n" in render(JobSpec(command=("python", "t.py"), time=unlimited))

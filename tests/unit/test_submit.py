@@ -91,12 +91,12 @@ def test_signal_is_configurable():
 
 
 def test_a_signal_sbatch_knows_by_number_only_is_given_as_its_number():
-    # sbatch 22.05 refuses --signal=WINCH@120 (an invalid --signal specification) but takes 28@120; submitit
+    # sbatch 22.05 refuses --signal=PWR@120 (an invalid --signal specification) but takes 30@120; submitit
     # in the job looks the name up in Python's signal module, so the variables keep the name.
-    resources = Resources(signal="WINCH", signal_delay=120)
-    assert slurm_parameters(resources)["additional_parameters"]["signal"] == f"{int(signal.SIGWINCH)}@120"
-    assert "export SUBMITIT_PREEMPT_SIGNAL=WINCH" in slurm_parameters(resources)["setup"]
-    assert signal_variables(resources)["SLURMDIST_REQUEUE_SIGNAL"] == "WINCH"
+    resources = Resources(signal="PWR", signal_delay=120)
+    assert slurm_parameters(resources)["additional_parameters"]["signal"] == f"{int(signal.SIGPWR)}@120"
+    assert "export SUBMITIT_PREEMPT_SIGNAL=PWR" in slurm_parameters(resources)["setup"]
+    assert signal_variables(resources)["SLURMDIST_REQUEUE_SIGNAL"] == "PWR"
 
 
 @pytest.mark.parametrize("changes, message", [

@@ -44,6 +44,21 @@ def test_a_signal_that_cannot_be_caught_is_refused(spec):
         parse_signal(spec)
 
 
+@pytest.mark.parametrize("spec, why", [
+    ("CHLD", "whenever a child process ends"), ("PIPE", "writes to a pipe"), ("SEGV", "reports a crash"),
+    ("ALRM", "timers"), ("TTOU", "job control"), ("INT", "Ctrl-C"), (28, "window changes size"),
+])
+def test_a_signal_sent_without_any_warning_meant_is_refused(spec, why):
+    # SIGCHLD as the warning: every DataLoader worker that ended would checkpoint and requeue the job.
+    with pytest.raises(RequeueError, match=f"{why}.*use a signal that only the warning sends"):
+        parse_signal(spec)
+
+
+@pytest.mark.parametrize("spec", ["USR1", "USR2", "URG", "HUP", "QUIT", "XCPU", "RTMIN"])
+def test_signals_nothing_sends_on_its_own_are_taken(spec):
+    assert parse_signal(spec).name == "SIG" + spec
+
+
 @pytest.mark.parametrize("spec", ["TERM", "sigterm", 15, signal.SIGTERM])
 def test_sigterm_is_refused_as_the_warning_since_scancel_sends_it_too(spec):
     # A job told to requeue on SIGTERM would requeue itself when the user cancels it.
