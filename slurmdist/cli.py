@@ -43,7 +43,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except SlurmdistError as error:
         print(f"slurmdist: error: {error}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as interrupted:
+        if str(interrupted):  # what became of what was under way (a submission)
+            print(f"\nslurmdist: {interrupted}", file=sys.stderr)
         return 130
     except BrokenPipeError:  # `slurmdist hostlist expand ... | head -1`: the reader has gone, which is fine
         _silence_stdout()

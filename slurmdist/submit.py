@@ -459,24 +459,38 @@ _ENVIRON_LOCK = threading.Lock()  # one submission at a time changes os.environ
 
 @contextlib.contextmanager
 def job_environment(extra: Mapping[str, str]) -> Iterator[None]:
-    """os.environ as a new job should inherit it, for the length of one submission: without the submitting
-    process's own launch variables (`launch_variables`), with `extra`. submitit runs sbatch (and its local
-    controller) with this process's environment and offers no other way, so it is changed in place and
-    restored afterwards, as submitit's own `clean_env()` does."""
-    with _ENVIRON_LOCK:
-        hidden = launch_variables(os.environ)
-        saved = {name: os.environ[name] for name in [*hidden, *extra] if name in os.environ}
-        if hidden:
-            log.info("not passed to the job (they describe this process's own launch): %s", ", ".join(hidden))
-        for name in hidden:
-            del os.environ[name]
-        os.environ.update(extra)
-        try:
-            yield
-        finally:
-            for name in extra:
-                os.environ.pop(name, None)
-            os.environ.update(saved)
+    """os.environ as a new job should inherit it, for the length of one submission (see `enter_job_environment`)."""
+    restore = enter_job_environment(extra)
+    try:
+        yield
+    finally:
+        restore()
+
+
+def enter_job_environment(extra: Mapping[str, str]) -> Callable[[], None]:
+    """Make os.environ what a new job should inherit: without the submitting process's own launch variables
+    (`launch_variables`), with `extra`; returns what puts it back. submitit runs sbatch (and its local
+    controller) with this process's environment and offers no other way, so it is changed in place, as
+    submitit's own `clean_env()` does. One submission at a time: a later one waits, within SUBMIT_TIMEOUT, for
+    an earlier one that is still running (whose sbatch has not answered)."""
+    if not _ENVIRON_LOCK.acquire(timeout=SUBMIT_TIMEOUT):
+        raise SubmitError(f"an earlier submission from this process has not finished in {SUBMIT_TIMEOUT:.0f} s "
+                          "(its sbatch never answered): check `scontrol ping` and `squeue --me`")
+    hidden = launch_variables(os.environ)
+    saved = {name: os.environ[name] for name in [*hidden, *extra] if name in os.environ}
+    if hidden:
+        log.info("not passed to the job (they describe this process's own launch): %s", ", ".join(hidden))
+    for name in hidden:
+        del os.environ[name]
+    os.environ.update(extra)
+
+    def restore() -> None:
+        for name in extra:
+            os.environ.pop(name, None)
+        os.environ.update(saved)
+        _ENVIRON_LOCK.release()
+
+    return restore
 
 
 def _submitting(submit: Callable[[], Any], environment: Mapping[str, str], folder: Path) -> Any:
@@ -485,26 +499,36 @@ def _submitting(submit: Callable[[], Any], environment: Mapping[str, str], folde
 
     submitit calls sbatch without a timeout, so a slurmctld that does not answer would hang the caller; the
     submission runs in a thread that is given up on after SUBMIT_TIMEOUT (sbatch itself may still finish).
+    That thread puts os.environ back itself, once the submission is over: a submission given up on while it
+    still pickled would otherwise start sbatch in the caller's own environment, its launch variables included.
     """
     from submitit.core.utils import FailedJobError, FailedSubmissionError
 
     outcome: Dict[str, Any] = {}
+    over = threading.Event()
+    restore = enter_job_environment(environment)
 
     def run() -> None:
         try:
             outcome["job"] = submit()
         except BaseException as error:  # handed to the caller's thread below
             outcome["error"] = error
+        finally:
+            restore()
+            over.set()
 
-    worker = threading.Thread(target=run, name="slurmdist-submit", daemon=True)
-    # Changed and restored by this thread, within the bound: sbatch took its copy when it started.
-    with job_environment(environment):
-        worker.start()
-        worker.join(SUBMIT_TIMEOUT)
-    if worker.is_alive():
+    started = time.monotonic()
+    threading.Thread(target=run, name="slurmdist-submit", daemon=True).start()
+    try:
+        finished = over.wait(SUBMIT_TIMEOUT)
+    except KeyboardInterrupt:
+        raise KeyboardInterrupt(_interrupted(over, outcome, SUBMIT_TIMEOUT - (time.monotonic() - started))) from None
+    if not finished:
         raise SubmitError(
-            f"sbatch did not answer within {SUBMIT_TIMEOUT:.0f} s: slurmctld may be down or overloaded "
-            "(`scontrol ping`). The job may still be submitted: check `squeue --me` before submitting again"
+            f"the submission did not finish within {SUBMIT_TIMEOUT:.0f} s: it pickles the function and its "
+            f"arguments into {folder}, then runs sbatch. A slow file system, or a slurmctld that is down or "
+            "overloaded (`scontrol ping`), holds it up. The job may still be submitted: check `squeue --me` "
+            "before submitting again"
         )
     error = outcome.get("error")
     if isinstance(error, (FailedJobError, FailedSubmissionError, subprocess.CalledProcessError)):
@@ -519,6 +543,38 @@ def _submitting(submit: Callable[[], Any], environment: Mapping[str, str], folde
     if error is not None:
         raise error
     return outcome["job"]
+
+
+def _interrupted(over: threading.Event, outcome: Mapping[str, Any], remaining: float) -> str:
+    """Ctrl-C while submitting: the submission cannot be stopped halfway (sbatch may have queued a job whose
+    files submitit had not moved in place yet, which then fails), so let it end, within its bound, and cancel
+    what it queued. What happened, for the KeyboardInterrupt."""
+    try:
+        finished = over.wait(max(0.0, remaining))
+    except KeyboardInterrupt:  # a second Ctrl-C: leave now
+        finished = False
+    if not finished:
+        return ("interrupted while submitting; sbatch had not answered, so a job may still be queued: check "
+                "`squeue --me` and scancel it")
+    queued = outcome.get("job")
+    if queued is None:
+        return "interrupted while submitting; nothing was queued"
+    jobs = queued if isinstance(queued, list) else [queued]
+    for job in jobs:
+        cancel(job)
+    ids = ", ".join(str(job.job_id) for job in jobs)
+    return f"interrupted while submitting; job {ids} was queued meanwhile and is cancelled now"
+
+
+def cancel(job: Any, timeout: float = SLURM_CALL_TIMEOUT) -> None:
+    """Stop `job`, within `timeout` (submitit's own cancel() waits on scancel without a bound)."""
+    if is_local(job):
+        job.cancel()
+        return
+    try:
+        subprocess.run(["scancel", str(job.job_id)], timeout=timeout, check=False, capture_output=True)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        log.warning("slurmdist: could not cancel job %s (%s): scancel it yourself", job.job_id, error)
 
 
 def _unreachable_cluster_hint(said: str) -> str:

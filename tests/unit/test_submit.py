@@ -432,16 +432,76 @@ def test_a_submission_that_sbatch_never_answers_fails_within_its_bound(tmp_path,
 
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    for tool, body in (("sbatch", "sleep 30"), ("srun", "exit 0")):
+    for tool, body in (("sbatch", "sleep 3"), ("srun", "exit 0")):
         (bin_dir / tool).write_text(f"#!/bin/sh\n{body}\n")
         (bin_dir / tool).chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:{__import__('os').environ['PATH']}")
     monkeypatch.setattr(submit, "SUBMIT_TIMEOUT", 1.0)
     submitter = submit.Submitter(cluster="slurm", folder=tmp_path / "%j")
     started = time.monotonic()
-    with pytest.raises(SubmitError, match=r"sbatch did not answer within 1 s.*squeue --me"):
+    with pytest.raises(SubmitError, match=r"the submission did not finish within 1 s.*squeue --me"):
         submitter.submit(print)
     assert time.monotonic() - started < 10
+    # The submission given up on ends with its sbatch, and gives os.environ back then, not before.
+    assert submit._ENVIRON_LOCK.acquire(timeout=30)
+    submit._ENVIRON_LOCK.release()
+
+
+def fake_submitting_tools(tmp_path, monkeypatch, sbatch: str) -> Path:
+    """sbatch (its body given) and scancel (which notes its arguments) on PATH; returns the folder they write to."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool, body in (("sbatch", sbatch), ("srun", "exit 0"), ("scancel", f'echo "$@" >> {bin_dir}/scancelled')):
+        (bin_dir / tool).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_dir / tool).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    return bin_dir
+
+
+class SlowToPickle:
+    """An argument that takes its time to pickle (large, onto a slow file system)."""
+
+    def __getstate__(self):
+        time.sleep(2)
+        return {}
+
+
+def wait_for_file(path: Path, timeout: float = 30) -> str:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.05)
+    time.sleep(0.1)  # written whole
+    return path.read_text()
+
+
+def test_a_submission_given_up_on_while_it_pickles_still_hides_the_launch_from_sbatch(tmp_path, monkeypatch):
+    import slurmdist.submit as submit
+
+    bin_dir = fake_submitting_tools(tmp_path, monkeypatch, 'env > "$(dirname "$0")/seen.env"; echo "Submitted batch job 42"')
+    monkeypatch.setattr(submit, "SUBMIT_TIMEOUT", 1.0)
+    monkeypatch.setenv("RANK", "5")  # this process's own launch: not the job's
+    with pytest.raises(SubmitError, match=r"did not finish within 1 s: it pickles the function .* then runs sbatch"):
+        submit.Submitter(cluster="slurm", folder=tmp_path / "%j").submit(print, SlowToPickle())
+    seen = wait_for_file(bin_dir / "seen.env")
+    assert "RANK=5" not in seen.splitlines() and "SLURMDIST_REQUEUE_SIGNAL=USR2" in seen.splitlines()
+    with submit.job_environment({}):  # the submission gave os.environ back once it was over
+        pass
+    assert os.environ["RANK"] == "5"
+
+
+def test_ctrl_c_while_submitting_cancels_the_job_the_submission_queued(tmp_path, monkeypatch):
+    # sbatch answers after the Ctrl-C: the job it queued would otherwise run (or fail) unattended.
+    import _thread
+    import threading
+
+    import slurmdist.submit as submit
+
+    bin_dir = fake_submitting_tools(tmp_path, monkeypatch, 'sleep 1; echo "Submitted batch job 42"')
+    threading.Timer(0.3, _thread.interrupt_main).start()
+    with pytest.raises(KeyboardInterrupt, match="job 42 was queued meanwhile and is cancelled now"):
+        submit.Submitter(cluster="slurm", folder=tmp_path / "%j").submit(print)
+    assert wait_for_file(bin_dir / "scancelled").split() == ["42"]
 
 
 def test_the_submitting_process_launch_is_not_passed_to_the_job():
