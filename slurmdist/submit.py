@@ -379,7 +379,7 @@ class Submitter:
         if python is not None and (not isinstance(python, str) or not python.strip()):
             raise SubmitError(f"python={python!r} must be the interpreter command the job runs, such as "
                               "'/path/to/venv/bin/python' (None: this process's interpreter)")
-        self.folder = Path(folder)
+        self.folder = job_folder(folder)
         self.python = python
         self._executor: Any = None
 
@@ -595,6 +595,17 @@ def _raised_while_pickling(error: BaseException) -> bool:
     frames = traceback.extract_tb(error.__traceback__)
     return isinstance(error, (TypeError, AttributeError, pickle.PicklingError)) and any(
         "pickle" in os.path.basename(frame.filename) for frame in frames)
+
+
+def job_folder(folder: Union[str, os.PathLike]) -> Path:
+    """`folder` as a Path, refused when submitit cannot use it: it places a job's submission file under the
+    job id sbatch printed, which for a job array names no element, so a `%a` in the folder failed after the job
+    was queued (and the job, missing its files, failed too)."""
+    if "%a" in os.fspath(folder):
+        raise SubmitError(f"folder={os.fspath(folder)!r}: %a (the array index) cannot be in the folder, since "
+                          "submitit files an array's submission before any element has an index. Use %j (an "
+                          "element's id is ARRAYID_INDEX, so each gets its own folder) or %A (one folder per array)")
+    return Path(folder)
 
 
 def folder_failure(error: OSError, folder: Path) -> Exception:

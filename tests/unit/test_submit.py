@@ -648,6 +648,16 @@ def test_requeue_options_are_refused_rather_than_silently_overridden(option):
         Resources(sbatch={option: True})
 
 
+@pytest.mark.parametrize("folder", ["logs/%A_%a", "logs/%a"])
+def test_an_array_index_in_the_folder_is_refused_before_anything_is_queued(tmp_path, monkeypatch, folder):
+    # submitit filed the array's submission under the id sbatch printed (no index), and raised after sbatch
+    # had queued the array, whose elements then failed without their files.
+    bin_dir = fake_submitting_tools(tmp_path, monkeypatch, 'touch "$(dirname "$0")/queued"; echo "Submitted batch job 42"')
+    with pytest.raises(SubmitError, match=r"%a \(the array index\) cannot be in the folder.*Use %j"):
+        Submitter(cluster="slurm", folder=tmp_path / folder).map_array(print, [1, 2])
+    assert not (bin_dir / "queued").exists()
+
+
 def test_a_job_folder_that_cannot_be_made_is_a_submit_error_naming_it(tmp_path):
     # submitit writes the job's pickles there before it starts the job (sbatch, or the local controller).
     blocker = tmp_path / "a-file"
