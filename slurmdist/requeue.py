@@ -68,6 +68,7 @@ MAX_SIGNAL_DELAY = 65535  # the most seconds sbatch --signal=SIG@DELAY takes
 SIGNAL_EARLY = 60  # seconds Slurm may send the warning ahead of the asked time (its event resolution)
 
 SignalSpec = Union[str, int, signal.Signals, None]
+DEFAULT_SIGNAL_DELAY = 120  # seconds between the warning signal and the time limit: room to save a checkpoint
 UNCATCHABLE = frozenset({signal.SIGKILL, signal.SIGSTOP})
 # Signals Slurm sends a job it ends (scancel, preemption, time limit), refused as the warning, and why.
 SENT_WHEN_ENDING = {
@@ -164,6 +165,9 @@ def signal_delay_problem(delay: int, minutes: Optional[int], *, what: str, withi
     the limit)."""
     if delay > MAX_SIGNAL_DELAY:
         return f"{what} is more than Slurm's --signal accepts ({MAX_SIGNAL_DELAY} s)"
+    if delay == 0:  # Slurm takes a warning time of 0 for none, and submitit's local controller does too
+        return (f"{what} would mean no warning at all: Slurm sends none 0 s before the limit. Give the seconds "
+                f"before the limit to warn at (the default is {DEFAULT_SIGNAL_DELAY} s)")
     if minutes is None:  # nothing to warn before
         return None
     # Slurm may send the warning up to a minute early: a job warned at its start would requeue forever.

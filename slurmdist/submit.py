@@ -41,7 +41,8 @@ from .argv import command_words
 from .bounds import positive_seconds
 from .envvars import is_whole, whole_number
 from .errors import SlurmdistError
-from .requeue import RequeueError, Resumable, parse_signal, requeue_limit, signal_delay_problem, slurm_name
+from .requeue import (DEFAULT_SIGNAL_DELAY, RequeueError, Resumable, parse_signal, requeue_limit, signal_delay_problem,
+                      slurm_name)
 from .sbatch_render import HAND_ON_CPUS_PER_TASK
 from .task_command import Command, CommandFailed
 
@@ -53,7 +54,6 @@ __all__ = [
 ]
 
 DEFAULT_FOLDER = "slurmdist-logs/%j"
-DEFAULT_SIGNAL_DELAY = 120  # seconds between the warning signal and the time limit: room to save a checkpoint
 SLURM_CALL_TIMEOUT = 15.0  # seconds for one squeue/sacct call
 SUBMIT_TIMEOUT = 120.0  # seconds for a submission (sbatch answers in well under a second on a healthy cluster)
 RESULT_GRACE = 5.0  # seconds to wait for result files after Slurm says the job ended (shared file systems lag)

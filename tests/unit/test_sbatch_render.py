@@ -187,6 +187,7 @@ def test_cli_refuses_with_status_2_and_no_traceback(capsys, tmp_path):
     # Slurm rounds a limit up to whole minutes: 00:02:01 is 3 min, so USR2@120 comes 60 s in, at the start.
     (["--time", "00:02:01", "--", "python", "t.py"], r"leaves no time to train within --time 00:02:01 \(3 min\)"),
     (["--time", "3-00:00:00", "--signal", "USR2@65536", "--", "python", "t.py"], "more than Slurm's --signal accepts"),
+    (["--signal", "USR2@0", "--", "python", "t.py"], "--signal 'USR2@0' would mean no warning at all"),
     (["--time", "0", "--signal", "USR2@100000", "--", "python", "t.py"], "more than Slurm's --signal accepts"),
     (["--time", "infinite", "--signal", "USR2@100000", "--", "python", "t.py"], "more than Slurm's --signal accepts"),
     (["--time", "forever", "--", "python", "t.py"], r"--time 'forever' is not a time limit Slurm takes: .* or infinite"),

@@ -116,7 +116,8 @@ def test_a_signal_sbatch_knows_by_number_only_is_given_as_its_number():
     ({"sbatch": {"exclusive": False}}, "exclusive=False: leave the option out"),  # sbatch refuses --exclusive=False
     ({"signal": "KILL"}, "cannot be caught"),
     ({"time": 3}, r"signal_delay=120 s leaves no time .* time to at least 4 min, or signal_delay to at most 119 s"),
-    ({"time": 1, "signal_delay": 0}, r"warned \(and requeued\) as it starts. Set time to at least 2 min$"),
+    ({"time": 1, "signal_delay": 1}, r"warned \(and requeued\) as it starts. Set time to at least 2 min$"),
+    ({"signal_delay": 0}, r"signal_delay=0 s would mean no warning at all: Slurm sends none"),  # warn_time 0: none
     ({"signal_delay": 65536}, "more than Slurm's --signal accepts"),
 ])
 def test_resources_are_validated(changes, message):
