@@ -59,10 +59,22 @@ class Train(Resumable):
         try:
             outcome = train.train(args, env, train.RequeueAfterSave(preemption))
             slurmdist.barrier()  # nobody tears the group down while rank 0 still saves
+        except train.Stopped as stopped:  # saved, then stopped early: say why in the job's error, not as a tuple
+            raise RuntimeError(stopped_because(train, stopped, self.checkpoint_path)) from None
         finally:
             slurmdist.shutdown()
         return {**outcome, "resumed_from_step": 0 if saved is None else int(saved["step"]),
                 "restarts": restart_count(os.environ)}
+
+
+def stopped_because(train: ModuleType, stopped: Any, checkpoint: str) -> str:
+    """Why training stopped early, for the job's error: the run ends, but its checkpoint resumes it."""
+    if stopped.status == train.STOPPED_EXIT_STATUS:
+        why = "SIGTERM came without a warning first (scancel, or a preemption)"
+    else:
+        why = "the warning came but the job could not be requeued (rank 0's log says why: a limit, not sbatch)"
+    return (f"training stopped at step {stopped.step}: {why}. The checkpoint {checkpoint} was saved: submit "
+            "the job again to resume from it")
 
 
 def train_seed(seed: int, steps: int, checkpoint: str) -> Dict[str, Any]:

@@ -220,3 +220,13 @@ def test_submit_train_reports_a_bad_request_in_one_line(args, message, tmp_path)
     done = subprocess.run([sys.executable, str(TRAIN.with_name("submit_train.py")), "--checkpoint",
                            str(tmp_path / "c.pt"), *args], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert done.returncode == 2 and done.stderr.strip() == message, done.stderr
+
+
+@pytest.mark.parametrize("status, why", [(143, "SIGTERM came without a warning first"),
+                                         (75, "the warning came but the job could not be requeued")])
+def test_submit_train_says_why_training_stopped_early_not_a_tuple(train, status, why):
+    spec = importlib.util.spec_from_file_location("example_submit_train", TRAIN.with_name("submit_train.py"))
+    submit_train = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(submit_train)
+    said = submit_train.stopped_because(train, train.Stopped(42, status), "runs/c.pt")
+    assert said.startswith(f"training stopped at step 42: {why}") and "runs/c.pt was saved" in said
