@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import operator
 import re
 from typing import Dict, Iterable, Iterator, List, NoReturn, Optional, Tuple
 
@@ -444,6 +445,17 @@ def _expand_plain(text: str, limit: int) -> List[str]:
     return hosts
 
 
+def _whole_limit(limit: object) -> int:
+    """A whole number of another integer type (numpy's) as an int; bool, float or None refused: each would be
+    compared as a number, and wrongly."""
+    if not isinstance(limit, bool):
+        try:
+            return operator.index(limit)  # type: ignore[arg-type]
+        except TypeError:
+            pass
+    raise HostlistError(f"limit={limit!r} must be a whole number of hosts, 1 or more")
+
+
 def expand(text: str, *, limit: int = DEFAULT_LIMIT) -> List[str]:
     """Every host of a Slurm hostlist, in Slurm's order, duplicates kept (like ``scontrol show hostnames``).
 
@@ -452,7 +464,9 @@ def expand(text: str, *, limit: int = DEFAULT_LIMIT) -> List[str]:
     whole once it grows past a few thousand hosts, so a hostile list cannot exhaust memory.
     """
     _check_text(text, "expand")
-    if type(limit) is not int or limit < 1:  # not bool, float or None: each compared as a number, and wrong
+    if type(limit) is not int:  # the usual case stays one check
+        limit = _whole_limit(limit)
+    if limit < 1:
         raise HostlistError(f"limit={limit!r} must be a whole number of hosts, 1 or more")
     if "[" not in text and "]" not in text:
         return _expand_plain(text, limit)

@@ -247,3 +247,19 @@ def test_a_lone_bracketed_item_is_told_without_the_list_pattern(text, one_item):
     assert hostlist._one_bracketed_item(text) is one_item
     if one_item:  # and expands as the grammar would
         assert expand(text) == expand(f"{text},")[:len(expand(text))]
+
+
+class OtherInteger:
+    """An integer type that is not int, as numpy.int64 is: it says so through __index__."""
+
+    def __init__(self, value: int) -> None:
+        self.value = value
+
+    def __index__(self) -> int:
+        return self.value
+
+
+def test_a_limit_of_another_integer_type_is_taken() -> None:
+    assert expand("n[1-3]", limit=OtherInteger(3)) == ["n1", "n2", "n3"]  # type: ignore[arg-type]
+    with pytest.raises(HostlistError, match="more than 2 hosts"):
+        expand("n[1-3]", limit=OtherInteger(2))  # type: ignore[arg-type]
