@@ -23,13 +23,15 @@ from submitit.local.local import LocalExecutor, LocalJob
 
 JOB_ID_MARK = "%j"  # in the log paths handed to the wrapper, which knows its own pid only once started
 
-# bash: the setup lines, their output appended to task 0's logs, then the controller in bash's place (same pid).
+# bash: the setup lines, their output appended to task 0's logs, then the controller in bash's place (same pid),
+# given its job's own folder (it makes the folder it is given: a literal `%j` one, under submitit's own start).
 WRAPPER = """\
 mark=%j
 out=${SLURMDIST_LOCAL_OUT//"$mark"/$$}
 err=${SLURMDIST_LOCAL_ERR//"$mark"/$$}
 mkdir -p -- "${out%/*}" "${err%/*}" && exec >>"$out" 2>>"$err" </dev/null || exit 1
 unset SLURMDIST_LOCAL_OUT SLURMDIST_LOCAL_ERR
+set -- "${@//"$mark"/$$}"
 """
 
 

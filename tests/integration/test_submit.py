@@ -455,6 +455,7 @@ def test_local_setup_lines_run_as_in_a_batch_script_and_cancel_still_stops_the_j
     assert wait(job, timeout=30) == "FAILED"
     for pid in sleeps:
         wait_until_gone(pid, timeout=20)
+    assert sorted(path.name for path in tmp_path.iterdir()) == sorted(["act.sh", job.job_id])  # no literal "%j"
 
 
 def test_a_local_submission_without_wait_returns_while_the_job_runs(tmp_path):

@@ -562,7 +562,8 @@ def test_a_local_jobs_wrapper_runs_setup_as_a_batch_script_then_becomes_the_cont
 
     (tmp_path / "act.sh").write_text("export FOO=bar\necho activated\n")
     out, err = task_0_logs(tmp_path / "logs" / "%j", stderr_to_stdout=False)
-    controller = [sys.executable, "-c", "import os; print('controller', os.getpid(), os.environ['FOO'])"]
+    controller = [sys.executable, "-c", "import os, sys; print('controller', os.getpid(), os.environ['FOO'], "
+                  "sys.argv[1])", str(tmp_path / "logs" / "%j")]
     wrapper = subprocess.Popen(
         [require("bash"), "-c", wrapper_script(["source act.sh", "no-such-module-command cuda/12.1"]), "job",
          *controller],
@@ -572,7 +573,7 @@ def test_a_local_jobs_wrapper_runs_setup_as_a_batch_script_then_becomes_the_cont
     assert wrapper.returncode == 0 and not said and not complained
     job = str(wrapper.pid)
     logs = tmp_path / "logs" / job
-    assert (logs / f"{job}_0_log.out").read_text().splitlines() == ["activated", f"controller {job} bar"]
+    assert (logs / f"{job}_0_log.out").read_text().splitlines() == ["activated", f"controller {job} bar {logs}"]
     assert "no-such-module-command" in (logs / f"{job}_0_log.err").read_text()
 
 
