@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -25,13 +26,17 @@ JOB_ID_MARK = "%j"  # in the log paths handed to the wrapper, which knows its ow
 
 # bash: the setup lines, their output appended to task 0's logs, then the controller in bash's place (same pid),
 # given its job's own folder (it makes the folder it is given: a literal `%j` one, under submitit's own start).
+# The controller's words are kept aside and the arguments cleared: a sourced script sees (and may change) "$@".
+# Until the logs are open, bash's errors go to the submitter's stderr; after, nothing holds it open.
 WRAPPER = """\
 mark=%j
 out=${SLURMDIST_LOCAL_OUT//"$mark"/$$}
 err=${SLURMDIST_LOCAL_ERR//"$mark"/$$}
-mkdir -p -- "${out%/*}" "${err%/*}" && exec >>"$out" 2>>"$err" </dev/null || exit 1
+mkdir -p -- "${out%/*}" "${err%/*}" && exec >>"$out" 2>>"$err" </dev/null || {
+    echo "slurmdist: local job $$ cannot write its logs ($out, $err): it does not start" >&2; exit 1; }
 unset SLURMDIST_LOCAL_OUT SLURMDIST_LOCAL_ERR
-set -- "${@//"$mark"/$$}"
+slurmdist_controller=("${@//"$mark"/$$}")
+set --
 """
 
 
@@ -59,8 +64,8 @@ def controller_environment(parameters: Mapping[str, Any], command: str, environ:
 
 def wrapper_script(setup: Sequence[str]) -> str:
     """The bash script: output to the logs, the setup lines one after another (as in a batch script, a failed
-    line does not stop the next), then `exec` of the controller given as its arguments."""
-    return WRAPPER + "".join(f"{line}\n" for line in setup) + 'exec "$@"\n'
+    line does not stop the next), then `exec` of the controller given as the script's arguments."""
+    return WRAPPER + "".join(f"{line}\n" for line in setup) + 'exec "${slurmdist_controller[@]}"\n'
 
 
 def task_0_logs(folder: Path, stderr_to_stdout: bool) -> "tuple[str, str]":
@@ -76,7 +81,7 @@ def start_controller(folder: Path, command: str, parameters: Mapping[str, Any], 
     controller: List[str] = [sys.executable, "-m", "submitit.local._local", str(folder)]
     return subprocess.Popen(
         [bash, "-c", wrapper_script(parameters.get("setup", ())), "slurmdist-local-job", *controller],
-        env=environ, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env=environ, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
         start_new_session=True,  # a terminal's Ctrl-C (or the end of its session) is the caller's, not the job's
     )
 
@@ -102,4 +107,16 @@ class LocalBatchExecutor(LocalExecutor):  # type: ignore[misc]  # submitit is no
                 self.parameters["setup"] = setup
         process = start_controller(Path(self.folder), command, self.parameters, bash)
         tasks = list(range(int(self.parameters.get("tasks_per_node", 1))))
-        return LocalJob(folder=self.folder, job_id=str(process.pid), process=process, tasks=tasks)
+        return LocalBatchJob(folder=self.folder, job_id=str(process.pid), process=process, tasks=tasks)
+
+
+class LocalBatchJob(LocalJob):  # type: ignore[misc]
+    """A job `LocalBatchExecutor` started: it leads a process group of its own, which cancel() signals whole.
+    SIGINT to the pid alone would wait behind a setup line still running (bash finishes a command before it
+    acts on SIGINT), and the job would start anyway; the controller and its tasks share the group after."""
+
+    def cancel(self, check: bool = True) -> None:  # noqa: ARG002  # submitit's signature
+        try:
+            os.killpg(int(self.job_id), signal.SIGINT)
+        except ProcessLookupError:  # ended already
+            pass

@@ -628,13 +628,17 @@ def folder_failure(error: OSError, folder: Path) -> Exception:
 
 
 def is_local(job: Any) -> bool:
-    return type(job).__name__ == "LocalJob"
+    """A job of submitit's LocalExecutor (a `local_jobs.LocalBatchJob` is one), told without importing submitit."""
+    return any(cls.__name__ == "LocalJob" for cls in type(job).__mro__)
 
 
 def stop_command(job: Any) -> str:
     """The shell command that stops `job`: a local job's id is its controller's pid, which forwards SIGTERM to
-    the tasks, where submitit ignores it; SIGINT (what submitit's own cancel() sends) ends them."""
-    return f"kill -INT {job.job_id}" if is_local(job) else f"scancel {job.job_id}"
+    the tasks, where submitit ignores it; SIGINT (what submitit's own cancel() sends) ends them. A job
+    slurmdist started locally leads a process group, signalled whole (see `local_jobs.LocalBatchJob`)."""
+    if not is_local(job):
+        return f"scancel {job.job_id}"
+    return f"kill -INT -{job.job_id}" if type(job).__name__ == "LocalBatchJob" else f"kill -INT {job.job_id}"
 
 
 def job_state(job: Any, environ: Optional[Mapping[str, str]] = None, timeout: float = SLURM_CALL_TIMEOUT) -> str:

@@ -458,6 +458,22 @@ def test_local_setup_lines_run_as_in_a_batch_script_and_cancel_still_stops_the_j
     assert sorted(path.name for path in tmp_path.iterdir()) == sorted(["act.sh", job.job_id])  # no literal "%j"
 
 
+def test_a_local_job_cancelled_while_its_setup_lines_run_never_starts(tmp_path):
+    # bash finishes the command it runs before it acts on a SIGINT to itself alone: the job's whole process group
+    # is signalled, the printed command does the same.
+    from slurmdist.submit import Submitter, stop_command, wait
+
+    job = Submitter(tasks_per_node=1, time=5, folder=tmp_path / "%j", cluster="local",
+                    setup=["echo setting up", "sleep 5"]).submit_command(["sh", "-c", "echo started; sleep 60"])
+    out = tmp_path / job.job_id / f"{job.job_id}_0_log.out"
+    wait_for_line(out, "setting up")
+    job.cancel()
+    assert wait(job, timeout=30) == "FAILED"
+    time.sleep(6)  # past the end of the setup line, where the job would have started
+    assert "started" not in out.read_text()
+    assert stop_command(job) == f"kill -INT -{job.job_id}"
+
+
 def test_a_local_submission_without_wait_returns_while_the_job_runs(tmp_path):
     # Captured output (`JOB=$(slurmdist submit ...)`): the job must not hold the capture's pipe until it ends.
     started = time.monotonic()

@@ -560,7 +560,8 @@ def test_a_local_jobs_wrapper_runs_setup_as_a_batch_script_then_becomes_the_cont
     # which is the job's id, and the environment the lines made.
     from slurmdist.local_jobs import task_0_logs, wrapper_script
 
-    (tmp_path / "act.sh").write_text("export FOO=bar\necho activated\n")
+    # It sees no arguments of the wrapper's, and clearing them (as some setvars scripts do) harms nothing.
+    (tmp_path / "act.sh").write_text('export FOO=bar\necho "activated with $# argument(s)"\nset --\n')
     out, err = task_0_logs(tmp_path / "logs" / "%j", stderr_to_stdout=False)
     controller = [sys.executable, "-c", "import os, sys; print('controller', os.getpid(), os.environ['FOO'], "
                   "sys.argv[1])", str(tmp_path / "logs" / "%j")]
@@ -573,7 +574,8 @@ def test_a_local_jobs_wrapper_runs_setup_as_a_batch_script_then_becomes_the_cont
     assert wrapper.returncode == 0 and not said and not complained
     job = str(wrapper.pid)
     logs = tmp_path / "logs" / job
-    assert (logs / f"{job}_0_log.out").read_text().splitlines() == ["activated", f"controller {job} bar {logs}"]
+    assert (logs / f"{job}_0_log.out").read_text().splitlines() == ["activated with 0 argument(s)",
+                                                                     f"controller {job} bar {logs}"]
     assert "no-such-module-command" in (logs / f"{job}_0_log.err").read_text()
 
 
