@@ -22,6 +22,8 @@ from typing import Any, Dict, List, Mapping, Sequence
 from submitit.core.utils import JobPaths
 from submitit.local.local import LocalExecutor, LocalJob
 
+from .submission_gate import through_gate
+
 JOB_ID_MARK = "%j"  # in the log paths handed to the wrapper, which knows its own pid only once started
 
 # bash: the setup lines, their output appended to task 0's logs, then the controller in bash's place (same pid),
@@ -97,6 +99,9 @@ class LocalBatchExecutor(LocalExecutor):  # type: ignore[misc]  # submitit is no
     falls back to submitit's own start."""
 
     def _submit_command(self, command: str) -> Any:
+        return through_gate(lambda: self._start(command))
+
+    def _start(self, command: str) -> Any:
         bash = shutil.which("bash")
         if bash is None:
             setup = list(self.parameters.get("setup", ()))

@@ -426,7 +426,7 @@ class Submitter:
                               "zip would submit only as many jobs as the shortest has: make them one length")
         executor = self.executor
         return _submitting(lambda: executor.map_array(fn, *columns), signal_variables(self.resources),
-                           self.folder)
+                           self.folder, gated=False)
 
 
 def _require_callable(fn: Any, method: str) -> None:
@@ -439,7 +439,7 @@ def _require_callable(fn: Any, method: str) -> None:
 def build_executor(resources: Resources, cluster: str, folder: Path, python: Optional[str] = None) -> Any:
     """A configured submitit executor (imports submitit)."""
     try:
-        import submitit
+        import submitit  # noqa: F401  # here, where its absence is told; the executors' modules import it too
     except ImportError:
         raise SubmitError("slurmdist.submit needs submitit: pip install submitit (or \".[submit]\" in slurmdist's "
                           "checkout)") from None
@@ -449,7 +449,9 @@ def build_executor(resources: Resources, cluster: str, folder: Path, python: Opt
         local = LocalBatchExecutor(folder=folder, python=python)
         local.update_parameters(**local_parameters(resources))
         return local
-    slurm = submitit.SlurmExecutor(folder=folder, python=python)
+    from .submission_gate import gated_slurm_executor
+
+    slurm = gated_slurm_executor()(folder=folder, python=python)
     slurm.update_parameters(**slurm_parameters(resources))
     return slurm
 
@@ -471,11 +473,8 @@ def enter_job_environment(extra: Mapping[str, str]) -> Callable[[], None]:
     """Make os.environ what a new job should inherit: without the submitting process's own launch variables
     (`launch_variables`), with `extra`; returns what puts it back. submitit runs sbatch (and its local
     controller) with this process's environment and offers no other way, so it is changed in place, as
-    submitit's own `clean_env()` does. One submission at a time: a later one waits, within SUBMIT_TIMEOUT, for
-    an earlier one that is still running (whose sbatch has not answered)."""
-    if not _ENVIRON_LOCK.acquire(timeout=SUBMIT_TIMEOUT):
-        raise SubmitError(f"an earlier submission from this process has not finished in {SUBMIT_TIMEOUT:.0f} s "
-                          "(its sbatch never answered): check `scontrol ping` and `squeue --me`")
+    submitit's own `clean_env()` does; one submission at a time."""
+    _ENVIRON_LOCK.acquire()  # held at most one submission's bound (see `_submitting`)
     hidden = launch_variables(os.environ)
     saved = {name: os.environ[name] for name in [*hidden, *extra] if name in os.environ}
     if hidden:
@@ -493,43 +492,45 @@ def enter_job_environment(extra: Mapping[str, str]) -> Callable[[], None]:
     return restore
 
 
-def _submitting(submit: Callable[[], Any], environment: Mapping[str, str], folder: Path) -> Any:
+def _submitting(submit: Callable[[], Any], environment: Mapping[str, str], folder: Path, gated: bool = True) -> Any:
     """Run a submission with a bound, in the job's environment (`job_environment`), and turn submitit's
     failures (sbatch's message) into a SubmitError.
 
     submitit calls sbatch without a timeout, so a slurmctld that does not answer would hang the caller; the
-    submission runs in a thread that is given up on after SUBMIT_TIMEOUT (sbatch itself may still finish).
-    That thread puts os.environ back itself, once the submission is over: a submission given up on while it
-    still pickled would otherwise start sbatch in the caller's own environment, its launch variables included.
+    submission runs in a thread that is given up on after SUBMIT_TIMEOUT (sbatch itself may still finish). The
+    caller gets its environment back then; a submission still pickling is stopped before it starts sbatch
+    (`submission_gate`). `gated`: the executor starts the job through the gate (submitit's Slurm arrays start
+    theirs through an executor of their own, which does not).
     """
     from submitit.core.utils import FailedJobError, FailedSubmissionError
 
+    from .submission_gate import Gate, open_in_this_thread
+
     outcome: Dict[str, Any] = {}
     over = threading.Event()
-    restore = enter_job_environment(environment)
+    gate = Gate() if gated else None
 
     def run() -> None:
+        open_in_this_thread(gate)
         try:
             outcome["job"] = submit()
         except BaseException as error:  # handed to the caller's thread below
             outcome["error"] = error
         finally:
-            restore()
             over.set()
 
+    restore = enter_job_environment(environment)
     started = time.monotonic()
-    threading.Thread(target=run, name="slurmdist-submit", daemon=True).start()
     try:
-        finished = over.wait(SUBMIT_TIMEOUT)
-    except KeyboardInterrupt:
-        raise KeyboardInterrupt(_interrupted(over, outcome, SUBMIT_TIMEOUT - (time.monotonic() - started))) from None
-    if not finished:
-        raise SubmitError(
-            f"the submission did not finish within {SUBMIT_TIMEOUT:.0f} s: it pickles the function and its "
-            f"arguments into {folder}, then runs sbatch. A slow file system, or a slurmctld that is down or "
-            "overloaded (`scontrol ping`), holds it up. The job may still be submitted: check `squeue --me` "
-            "before submitting again"
-        )
+        threading.Thread(target=run, name="slurmdist-submit", daemon=True).start()
+        try:
+            finished = over.wait(SUBMIT_TIMEOUT)
+        except KeyboardInterrupt:
+            raise KeyboardInterrupt(_interrupted(over, outcome, gate, SUBMIT_TIMEOUT - (time.monotonic() - started)))
+        if not finished:
+            raise SubmitError(_given_up(gate, folder))
+    finally:
+        restore()  # after the gate closed: a submission still pickling starts nothing in the caller's environment
     error = outcome.get("error")
     if isinstance(error, (FailedJobError, FailedSubmissionError, subprocess.CalledProcessError)):
         said = str(error).strip()
@@ -545,7 +546,22 @@ def _submitting(submit: Callable[[], Any], environment: Mapping[str, str], folde
     return outcome["job"]
 
 
-def _interrupted(over: threading.Event, outcome: Mapping[str, Any], remaining: float) -> str:
+def _given_up(gate: Any, folder: Path) -> str:
+    """Why a submission did not finish in time, once its gate is closed: still pickling (nothing submitted), or
+    waiting for sbatch (something may be)."""
+    bound = f"{SUBMIT_TIMEOUT:.0f} s"
+    if gate is not None and gate.close():
+        return (f"the submission did not reach sbatch within {bound}: pickling the function and its arguments into "
+                f"{folder} took that long (a slow or full file system?). Nothing was submitted")
+    if gate is not None:
+        return (f"sbatch did not answer within {bound}: slurmctld may be down or overloaded (`scontrol ping`). The "
+                "job may still be submitted: check `squeue --me` before submitting again")
+    return (f"the submission did not finish within {bound}: it pickles the function and its arguments into "
+            f"{folder}, then runs sbatch; a slow file system, or a slurmctld that is down or overloaded (`scontrol "
+            "ping`), holds it up. The job may still be submitted: check `squeue --me` before submitting again")
+
+
+def _interrupted(over: threading.Event, outcome: Mapping[str, Any], gate: Any, remaining: float) -> str:
     """Ctrl-C while submitting: the submission cannot be stopped halfway (sbatch may have queued a job whose
     files submitit had not moved in place yet, which then fails), so let it end, within its bound, and cancel
     what it queued. What happened, for the KeyboardInterrupt."""
@@ -554,27 +570,36 @@ def _interrupted(over: threading.Event, outcome: Mapping[str, Any], remaining: f
     except KeyboardInterrupt:  # a second Ctrl-C: leave now
         finished = False
     if not finished:
+        if gate is not None and gate.close():
+            return "interrupted while submitting, before anything was queued (it was still pickling)"
         return ("interrupted while submitting; sbatch had not answered, so a job may still be queued: check "
                 "`squeue --me` and scancel it")
-    queued = outcome.get("job")
+    error, queued = outcome.get("error"), outcome.get("job")
     if queued is None:
-        return "interrupted while submitting; nothing was queued"
+        maybe = "" if gate is not None and not gate.passed else \
+            " (a job may have been queued before it failed: check `squeue --me`)"
+        from .rendezvous import first_line
+
+        return f"interrupted while submitting, which then failed: {first_line(error)}{maybe}"
     jobs = queued if isinstance(queued, list) else [queued]
-    for job in jobs:
-        cancel(job)
+    cancel(jobs)
     ids = ", ".join(str(job.job_id) for job in jobs)
     return f"interrupted while submitting; job {ids} was queued meanwhile and is cancelled now"
 
 
-def cancel(job: Any, timeout: float = SLURM_CALL_TIMEOUT) -> None:
-    """Stop `job`, within `timeout` (submitit's own cancel() waits on scancel without a bound)."""
-    if is_local(job):
-        job.cancel()
+def cancel(jobs: Sequence[Any], timeout: float = SLURM_CALL_TIMEOUT) -> None:
+    """Stop `jobs`, within `timeout` (submitit's own cancel() waits on scancel without a bound): one scancel
+    for the Slurm ones."""
+    on_slurm = [str(job.job_id) for job in jobs if not is_local(job)]
+    for job in jobs:
+        if is_local(job):
+            job.cancel()
+    if not on_slurm:
         return
     try:
-        subprocess.run(["scancel", str(job.job_id)], timeout=timeout, check=False, capture_output=True)
+        subprocess.run(["scancel", *on_slurm], timeout=timeout, check=False, capture_output=True)
     except (OSError, subprocess.TimeoutExpired) as error:
-        log.warning("slurmdist: could not cancel job %s (%s): scancel it yourself", job.job_id, error)
+        log.warning("slurmdist: could not cancel job(s) %s (%s): scancel them yourself", " ".join(on_slurm), error)
 
 
 def _unreachable_cluster_hint(said: str) -> str:
