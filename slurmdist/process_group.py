@@ -155,9 +155,9 @@ def _start_group(env: DistEnv, deadline: bounds.Deadline, environ: Mapping[str, 
         if mismatch:  # each process started MPI alone: nothing would be synchronised, and nothing would say so
             dist.destroy_process_group()
             raise BackendError(
-                f"backend 'mpi': MPI started this process as {mismatch}. The processes were not started "
-                "together by an MPI launcher this MPI understands (torchrun, `slurmdist run`, or srun without "
-                "the PMI this MPI was built for: see `srun --mpi=list`). Start them with mpirun, or srun "
+                f"backend 'mpi': MPI started this process as {mismatch}. No launcher this MPI understands "
+                "started the processes together: torchrun and `slurmdist run` are none, and neither is srun "
+                "without the PMI this MPI was built for (see `srun --mpi=list`). Start them with mpirun, or srun "
                 "--mpi=pmix (or pmi2), or use backend='gloo' or 'nccl', which do not need MPI to start them"
             )
         return env
