@@ -30,6 +30,11 @@ cd "${SLURM_SUBMIT_DIR:-.}"
     echo "sweep_array.sh: run sbatch from the repository root (there is no examples/train.py in $PWD)" >&2
     exit 2
 }
+# Run by sbatch (or inside salloc), not on its own: what follows reads the job's variables.
+[[ -n ${SLURM_JOB_ID:-} ]] || {
+    echo "sweep_array.sh: submit it with sbatch (sbatch sbatch/sweep_array.sh); run as a plain script it is in no job" >&2
+    exit 2
+}
 
 LRS=(0.01 0.02 0.05 0.1)          # one learning rate per array index
 index=${SLURM_ARRAY_TASK_ID:-0}   # the element's index (0 when the script is run outside an array)

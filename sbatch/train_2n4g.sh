@@ -33,6 +33,11 @@ cd "${SLURM_SUBMIT_DIR:-.}"
     echo "train_2n4g.sh: run sbatch from the repository root (there is no examples/train.py in $PWD)" >&2
     exit 2
 }
+# Run by sbatch (or inside salloc), not on its own: what follows reads the job's variables.
+[[ -n ${SLURM_JOB_ID:-} ]] || {
+    echo "train_2n4g.sh: submit it with sbatch (sbatch sbatch/train_2n4g.sh); run as a plain script it is in no job" >&2
+    exit 2
+}
 
 # Knobs from the environment (sbatch exports the caller's environment by default).
 PYTHON=${PYTHON:-python}                                    # the interpreter with torch and slurmdist

@@ -22,6 +22,11 @@ cd "${SLURM_SUBMIT_DIR:-.}"
     echo "train_mpirun.sh: run sbatch from the repository root (there is no examples/train.py in $PWD)" >&2
     exit 2
 }
+# Run by sbatch (or inside salloc), not on its own: what follows reads the job's variables.
+[[ -n ${SLURM_JOB_ID:-} ]] || {
+    echo "train_mpirun.sh: submit it with sbatch (sbatch sbatch/train_mpirun.sh); run as a plain script it is in no job" >&2
+    exit 2
+}
 
 # If your site loads MPI as a module, do it here, e.g.: module load openmpi
 PYTHON=${PYTHON:-python}

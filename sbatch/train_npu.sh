@@ -27,6 +27,11 @@ cd "${SLURM_SUBMIT_DIR:-.}"
     echo "train_npu.sh: run sbatch from the repository root (there is no examples/train.py in $PWD)" >&2
     exit 2
 }
+# Run by sbatch (or inside salloc), not on its own: what follows reads the job's variables.
+[[ -n ${SLURM_JOB_ID:-} ]] || {
+    echo "train_npu.sh: submit it with sbatch (sbatch sbatch/train_npu.sh); run as a plain script it is in no job" >&2
+    exit 2
+}
 
 # CANN's environment (library paths for torch_npu and hccl). The path is the toolkit's default; set
 # ASCEND_TOOLKIT_ENV if your site installed it elsewhere. set_env.sh reads unset variables: relax -u for it.

@@ -27,6 +27,11 @@ cd "${SLURM_SUBMIT_DIR:-.}"
     echo "train_torchrun.sh: run sbatch from the repository root (there is no examples/train.py in $PWD)" >&2
     exit 2
 }
+# Run by sbatch (or inside salloc), not on its own: what follows reads the job's variables.
+[[ -n ${SLURM_JOB_ID:-} ]] || {
+    echo "train_torchrun.sh: submit it with sbatch (sbatch sbatch/train_torchrun.sh); run as a plain script it is in no job" >&2
+    exit 2
+}
 
 PYTHON=${PYTHON:-python}
 TRAIN_STEPS=${TRAIN_STEPS:-200}

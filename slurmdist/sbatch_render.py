@@ -225,6 +225,14 @@ def _check_devices_per_rank(spec: JobSpec) -> None:
 HAND_ON_CPUS_PER_TASK = "if [[ -n ${SLURM_CPUS_PER_TASK:-} ]]; then export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK; fi"
 
 
+# Run with bash, the script would stop at its first job variable ("SLURM_JOB_ID: unbound variable").
+NOT_IN_A_JOB = [
+    "# Run by sbatch (or inside salloc), not on its own: what follows reads the job's variables.",
+    '[[ -n ${SLURM_JOB_ID:-} ]] || { echo "${0##*/}: submit it with sbatch (sbatch $0); run as a plain script it '
+    'is in no job" >&2; exit 2; }',
+]
+
+
 def render(spec: JobSpec) -> str:
     """The job script for `spec`, validated here."""
     spec = validate(spec)
@@ -235,7 +243,7 @@ def render(spec: JobSpec) -> str:
                   "# must handle it (slurmdist.requeue.install(), or a handler of its own: save, then requeue or go on),",
                   "# or the signal kills it. Render with --signal '' for no warning.", "#"]
     lines += [f"#SBATCH {option}" for option in sbatch_options(spec)]
-    lines += ["", "set -euo pipefail"]
+    lines += ["", "set -euo pipefail", *NOT_IN_A_JOB]
     if spec.launcher != "mpirun":  # mpirun's own srun (its daemons, one per node) must keep the node's CPUs
         lines += [
             "# Slurm >= 22.05: srun no longer inherits --cpus-per-task from the allocation; hand it on when set.",

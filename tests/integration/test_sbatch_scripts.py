@@ -80,6 +80,28 @@ def test_rendered_scripts_pass_shellcheck(tmp_path, launcher, device):
 
 
 @pytest.mark.parametrize("path", JOB_SCRIPTS, ids=lambda p: p.name)
+def test_a_job_script_run_with_bash_says_to_submit_it(path, tmp_path):
+    # `bash sbatch/train_2n4g.sh` from the repository root: no job around it, so no SLURM_JOB_ID.
+    done = subprocess.run(["bash", str(path.relative_to(REPO))], cwd=REPO, capture_output=True, text=True,
+                          timeout=TIMEOUT, env={"PATH": "/usr/bin:/bin", "TRAIN_DIR": str(tmp_path / "runs")})
+    assert done.returncode == 2, done.stderr
+    assert done.stderr == (f"{path.name}: submit it with sbatch (sbatch sbatch/{path.name}); run as a plain script "
+                           "it is in no job\n")
+    assert list(tmp_path.iterdir()) == []  # before it makes its run folder
+
+
+def test_a_rendered_script_run_with_bash_says_to_submit_it(tmp_path):
+    from slurmdist.sbatch_render import JobSpec, render
+
+    script = tmp_path / "job.sh"
+    script.write_text(render(JobSpec(command=("python", "t.py"), device="cpu")))
+    done = subprocess.run(["bash", str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=TIMEOUT,
+                          env={"PATH": "/usr/bin:/bin"})
+    assert (done.returncode, done.stderr) == (2, f"job.sh: submit it with sbatch (sbatch {script}); run as a plain "
+                                                 "script it is in no job\n")
+
+
+@pytest.mark.parametrize("path", JOB_SCRIPTS, ids=lambda p: p.name)
 def test_a_job_submitted_from_elsewhere_is_told_where_to_submit_from(path, tmp_path):
     # Slurm starts the script in the submit directory (SLURM_SUBMIT_DIR): here one without the repository.
     done = subprocess.run(["bash", str(path)], cwd=tmp_path, capture_output=True, text=True, timeout=TIMEOUT,
