@@ -128,7 +128,7 @@ def command_of(args: argparse.Namespace) -> List[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .submit import Submitter, log_paths
+    from .submit import Submitter, log_paths, stop_command
 
     command = command_of(args)
     # Checked before the job exists, not after.
@@ -149,6 +149,7 @@ def run(args: argparse.Namespace) -> int:
           f"{submitter.cluster})")
     print(f"  stdout: {stdout}")
     print(f"  stderr: {stderr}")
+    print(f"  stop:   {stop_command(job)}")
     sys.stdout.flush()
     if not args.wait:
         return 0

@@ -483,6 +483,7 @@ def test_a_local_submission_without_wait_returns_while_the_job_runs(tmp_path):
     job_id = re.search(r"submitted job (\d+)", proc.stdout).group(1)
     try:
         assert proc.returncode == 0 and took < 50, (took, proc.stderr)
+        assert f"  stop:   kill -INT -{job_id}\n" in proc.stdout  # what stops it, printed without --wait too
         assert running(int(job_id))
     finally:
         subprocess.run(["kill", "-INT", job_id], timeout=10)
