@@ -681,11 +681,26 @@ def _local_state(job: Any) -> str:
     """The LocalExecutor knows only its controller process: running, finished or gone. A controller finishes
     whatever its tasks did (a task killed, a setup line that failed), so only results say COMPLETED."""
     state = job.state
-    if state == "RUNNING":
+    if state == "RUNNING" or (state == NO_PROCESS and _controller_runs(job)):
         return "RUNNING"
     succeeded = state == "FINISHED" and _all_results_written(job) and all(
         outcome == "success" for outcome, _ in _read_outcomes(job, grace=0.0))
     return "COMPLETED" if succeeded else "FAILED"
+
+
+NO_PROCESS = "NO PROCESS AND NO RESULT"  # submitit's state of a local job this process did not start
+
+
+def _controller_runs(job: Any) -> bool:
+    """Whether the controller of a local job this process did not start (one unpickled, in a notebook started
+    again) still runs: its pid, no zombie, and for a job slurmdist started, still leading its process group (a
+    pid used again by another process does not)."""
+    from . import procfs
+
+    fields = procfs.stat_fields(procfs.read(f"/proc/{job.job_id}/stat") or "")
+    if not fields or fields[0] == "Z":
+        return False
+    return type(job).__name__ != "LocalBatchJob" or fields[2] == str(job.job_id)
 
 
 def slurm_state(job_id: str, environ: Optional[Mapping[str, str]] = None, timeout: float = SLURM_CALL_TIMEOUT) -> str:

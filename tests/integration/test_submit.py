@@ -474,6 +474,22 @@ def test_a_local_job_cancelled_while_its_setup_lines_run_never_starts(tmp_path):
     assert stop_command(job) == f"kill -INT -{job.job_id}"
 
 
+def test_a_local_job_loaded_in_another_process_is_running_until_it_ends(tmp_path):
+    # A notebook started again, or the job pickled for another script: submitit forgets the controller there.
+    import pickle
+
+    from slurmdist.submit import Submitter, result
+
+    job = Submitter(tasks_per_node=1, time=5, folder=tmp_path / "%j", cluster="local").submit(time.sleep, 6)
+    saved = tmp_path / "job.pkl"
+    saved.write_bytes(pickle.dumps(job))
+    follow = ("import pickle, sys; from slurmdist.submit import job_state, wait; "
+              "job = pickle.load(open(sys.argv[1], 'rb')); print(job_state(job), wait(job, timeout=60, poll=0.2))")
+    seen = subprocess.run([PYTHON, "-c", follow, str(saved)], capture_output=True, text=True, timeout=TIMEOUT)
+    assert seen.stdout.split() == ["RUNNING", "COMPLETED"], seen.stderr
+    assert result(job, timeout=30) is None
+
+
 def test_a_local_submission_without_wait_returns_while_the_job_runs(tmp_path):
     # Captured output (`JOB=$(slurmdist submit ...)`): the job must not hold the capture's pipe until it ends.
     started = time.monotonic()
