@@ -34,7 +34,7 @@ import traceback
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
 from . import commands
 from .argv import command_words
@@ -753,6 +753,7 @@ def _wait(job: Any, timeout: float, poll: float = 1.0, on_state: Optional[Callab
     last = ""
     written_at: Optional[float] = None
     a_task_raised = False
+    reported: Set[int] = set()  # local tasks whose result says they returned
     while True:
         state = job_state(job, timeout=max(1.0, deadline - time.monotonic()))
         outcomes = None
@@ -765,6 +766,9 @@ def _wait(job: Any, timeout: float, poll: float = 1.0, on_state: Optional[Callab
         elif written_at is None and not a_task_raised and _all_results_written(job) and \
                 _written_by_this_run(job, deadline):
             written_at = time.monotonic()
+        if state == "RUNNING" and is_local(job) and _a_local_task_failed(job, reported):
+            cancel([job])  # what srun --kill-on-bad-exit does on Slurm: the others would wait in vain
+            state = "FAILED"
         if written_at is not None and time.monotonic() - written_at > RESULT_GRACE:
             outcomes = _read_outcomes(job, grace=0.0)
             if all(outcome == "success" for outcome, _ in outcomes):
@@ -782,6 +786,26 @@ def _wait(job: Any, timeout: float, poll: float = 1.0, on_state: Optional[Callab
             raise JobTimeoutError(f"job {job.job_id} still {state} after {timeout:.0f}s (it keeps running; "
                                   f"`{stop_command(job)}` to stop it)")
         time.sleep(min(poll if written_at is None else 0.2, max(0.0, deadline - time.monotonic())))
+
+
+def _a_local_task_failed(job: Any, returned: Set[int]) -> bool:
+    """Whether a task of a local job has written that it failed. submitit's local controller waits for every
+    task whatever one of them did. `returned`: the tasks known to have returned, whose (possibly large) results
+    are read once; updated here."""
+    from submitit.core.utils import pickle_load
+
+    for index, task in enumerate(_tasks(job)):
+        path = task.paths.result_pickle
+        if index in returned or not path.exists():
+            continue
+        try:
+            outcome = pickle_load(path)[0]
+        except Exception:  # noqa: BLE001  # being written: read at the next poll
+            continue
+        if outcome == "error":
+            return True
+        returned.add(index)
+    return False
 
 
 def results(job: Any, timeout: float, *, poll: float = 1.0) -> List[Any]:

@@ -436,6 +436,27 @@ def test_a_local_job_whose_task_died_is_failed_not_completed(tmp_path):
     assert wait(fine, timeout=TIMEOUT) == "COMPLETED"
 
 
+def rank_1_fails_rank_0_sleeps() -> None:
+    """Rank 1 fails at once; rank 0 is in no collective (I/O, an eval loop) and would go on for two minutes."""
+    import submitit
+
+    if submitit.JobEnvironment().global_rank == 1:
+        raise ValueError("rank 1 gives up")
+    time.sleep(120)
+
+
+def test_a_local_job_whose_task_failed_is_ended_as_srun_kill_on_bad_exit_would(tmp_path):
+    from slurmdist.submit import JobFailedError, Submitter, results
+
+    job = Submitter(tasks_per_node=2, time=5, folder=tmp_path / "%j", cluster="local").submit(
+        rank_1_fails_rank_0_sleeps)
+    started = time.monotonic()
+    with pytest.raises(JobFailedError, match=r"(?s)ended FAILED: task 1 raised.*rank 1 gives up") as failed:
+        results(job, timeout=TIMEOUT, poll=0.2)
+    assert time.monotonic() - started < 60, failed.value
+    wait_until_gone(int(job.job_id), timeout=20)
+
+
 def test_local_setup_lines_run_as_in_a_batch_script_and_cancel_still_stops_the_job(tmp_path):
     # `source` (Debian's sh, dash, has none); a line that fails (no `module` on a laptop) is told in task 0's
     # log and the next still runs, as in a batch script. With setup lines the job's pid is still the
