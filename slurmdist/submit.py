@@ -789,23 +789,29 @@ def _wait(job: Any, timeout: float, poll: float = 1.0, on_state: Optional[Callab
 
 
 def _a_local_task_failed(job: Any, returned: Set[int]) -> bool:
-    """Whether a task of a local job has written that it failed. submitit's local controller waits for every
-    task whatever one of them did. `returned`: the tasks known to have returned, whose (possibly large) results
-    are read once; updated here."""
+    """Whether a task of a local job has written that it failed while another has written nothing yet:
+    submitit's local controller waits for every task whatever one of them did. `returned`: the tasks known to
+    have returned, whose (possibly large) results are read once; updated here."""
     from submitit.core.utils import pickle_load
 
+    failed, running = False, False
     for index, task in enumerate(_tasks(job)):
         path = task.paths.result_pickle
-        if index in returned or not path.exists():
+        if index in returned:
+            continue
+        if not path.exists():
+            running = True
             continue
         try:
             outcome = pickle_load(path)[0]
         except Exception:  # noqa: BLE001  # being written: read at the next poll
+            running = True
             continue
         if outcome == "error":
-            return True
-        returned.add(index)
-    return False
+            failed = True
+        else:
+            returned.add(index)
+    return failed and running
 
 
 def results(job: Any, timeout: float, *, poll: float = 1.0) -> List[Any]:
@@ -827,7 +833,7 @@ def results(job: Any, timeout: float, *, poll: float = 1.0) -> List[Any]:
             # A command's own error is in the log it wrote to; the task's traceback is slurmdist's and submitit's
             # plumbing, which only knows the status (and which submitit writes to the end of that log too).
             tail = _tail(log, skip="submitit ", until=CommandFailed.__name__)
-            said = f"last lines of {log}:\n{tail}" if tail.strip() else f"(its log {log} is empty)"
+            said = f"last lines of {log}:\n{tail}" if tail.strip() else f"(the command wrote nothing to its log {log})"
             raise JobFailedError(f"job {job.job_id} {ended}task {first}{others}: {failure}\n{said}", state, job.job_id)
         raise JobFailedError(f"job {job.job_id} {ended}task {first} raised{others}:\n{outcomes[first][1]}\n(log: {log})",
                              state, job.job_id)

@@ -538,7 +538,7 @@ def test_a_failed_command_is_told_in_its_own_words_not_the_tasks_traceback(tmp_p
                            "--wait", "--timeout", str(TIMEOUT), "--", *command],
                           capture_output=True, text=True, timeout=TIMEOUT + 30)
     assert proc.returncode == 1, proc.stderr
-    said = re.search(r"ended FAILED: task 0: (.*)\n(?:last lines of \S+:\n((?:.*\n?)*)|\(its log \S+ is empty\))",
+    said = re.search(r"ended FAILED: task 0: (.*)\n(?:last lines of \S+:\n((?:.*\n?)*)|\(the command wrote nothing to its log \S+\))",
                      proc.stderr)
     assert said and said.group(1).startswith(first_line), proc.stderr
     assert "Traceback" not in proc.stderr, proc.stderr
