@@ -468,7 +468,8 @@ def test_local_setup_lines_run_as_in_a_batch_script_and_cancel_still_stops_the_j
                     setup=["module load cuda/12.1", f"source {tmp_path / 'act.sh'}"]).submit_command(
         ["sh", "-c", "echo FOO=$FOO; exec sleep 60"])
     logs = tmp_path / job.job_id
-    wait_for_line(logs / f"{job.job_id}_0_log.out", "FOO=bar")
+    for task in range(2):  # both commands run (a task's own start takes a while on a busy machine)
+        wait_for_line(logs / f"{job.job_id}_{task}_log.out", "FOO=bar")
     assert "module: command not found" in (logs / f"{job.job_id}_0_log.err").read_text()
     sleeps = [pid for child in children_of(int(job.job_id)) for pid in children_of(child)]
     assert len(sleeps) == 2, sleeps
