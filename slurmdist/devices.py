@@ -10,7 +10,7 @@ reads these variables and never writes them: a visibility variable belongs to th
 from __future__ import annotations
 
 import re
-from typing import Mapping, NamedTuple, Optional, Tuple
+from typing import List, Mapping, NamedTuple, Optional, Tuple
 
 from .envvars import whole_number
 from .errors import BackendError
@@ -79,8 +79,7 @@ def narrowed_per_task(
     if not task_is_rank:
         return False
     if device_type == "npu":
-        chosen = [d for d in environ.get("ASCEND_RT_VISIBLE_DEVICES", "").split(",") if d.strip()]
-        return device_count == 1 and len(chosen) == 1
+        return device_count == 1 and len(_chosen_npus(environ)) == 1
     if device_type != "cuda":
         return False
     if gpus_per_task(environ) == device_count:
@@ -128,7 +127,7 @@ def device_ordinal(
             f"ask the scheduler for devices ({ask}) or run on the CPU with backend='gloo'"
         )
     if narrowed_per_task(environ, device_type, device_count, task_is_rank):
-        if device_type == "npu" and local_rank > 0 and _npu_0_alone(environ) and not _sharing(environ, share):
+        if device_type == "npu" and local_rank > 0 and _chosen_npus(environ) == ["0"] and not _sharing(environ, share):
             raise BackendError(
                 f"local rank {local_rank} sees only NPU 0 ({visibility(device_type, environ)}), which is what an "
                 "`export ASCEND_RT_VISIBLE_DEVICES=$SLURM_LOCALID` in the batch script gives every task: it expands "
@@ -136,7 +135,7 @@ def device_ordinal(
                 "it in each task instead: srun bash -c 'ASCEND_RT_VISIBLE_DEVICES=$SLURM_LOCALID exec python "
                 f"train.py'; or, if they are meant to share it, set {SHARE_VARIABLE}=1"
             )
-        on_node = whole_number(environ.get("SLURM_GPUS_ON_NODE", "")) if device_type == "cuda" else None
+        on_node = _gpus_on_node(device_type, environ)
         if on_node is None or local_world_size <= on_node or _sharing(environ, share):
             return 0
         # Each task sees one GPU, but the node has fewer than tasks (`--gpu-bind=closest` with one GPU per
@@ -149,15 +148,21 @@ def device_ordinal(
         return local_rank % device_count
     # Every rank of the node stops here, not only those without a device: the others would wait for them
     # until the rendezvous timed out.
-    on_node = whole_number(environ.get("SLURM_GPUS_ON_NODE", "")) if device_type == "cuda" else None
+    on_node = _gpus_on_node(device_type, environ)
     if task_is_rank and on_node is not None and device_count < on_node and local_world_size <= on_node:
         raise _given_a_part(local_world_size, device_count, on_node, visibility(device_type, environ))
     raise _too_few(device_type, local_world_size, device_count, f"visible ({visibility(device_type, environ)})",
                    task_is_rank)
 
 
-def _npu_0_alone(environ: Mapping[str, str]) -> bool:
-    return [d.strip() for d in environ.get("ASCEND_RT_VISIBLE_DEVICES", "").split(",") if d.strip()] == ["0"]
+def _chosen_npus(environ: Mapping[str, str]) -> List[str]:
+    """The NPUs ASCEND_RT_VISIBLE_DEVICES names (empty pieces dropped)."""
+    return [d.strip() for d in environ.get("ASCEND_RT_VISIBLE_DEVICES", "").split(",") if d.strip()]
+
+
+def _gpus_on_node(device_type: str, environ: Mapping[str, str]) -> Optional[int]:
+    """The job's GPUs on this node (SLURM_GPUS_ON_NODE), for CUDA; None when unknown or not CUDA."""
+    return whole_number(environ.get("SLURM_GPUS_ON_NODE", "")) if device_type == "cuda" else None
 
 
 def _sharing(environ: Mapping[str, str], share: Optional[bool]) -> bool:

@@ -445,15 +445,18 @@ def _expand_plain(text: str, limit: int) -> List[str]:
     return hosts
 
 
-def _whole_limit(limit: object) -> int:
-    """A whole number of another integer type (numpy's) as an int; bool, float or None refused: each would be
-    compared as a number, and wrongly."""
+def _checked_limit(limit: object) -> int:
+    """`limit` as a count of hosts, 1 or more: an int, or a whole number of another integer type (numpy's);
+    bool, float or None refused (each would be compared as a number, and wrongly)."""
+    whole = None
     if not isinstance(limit, bool):
         try:
-            return operator.index(limit)  # type: ignore[arg-type]
+            whole = operator.index(limit)  # type: ignore[arg-type]
         except TypeError:
             pass
-    raise HostlistError(f"limit={limit!r} must be a whole number of hosts, 1 or more")
+    if whole is None or whole < 1:
+        raise HostlistError(f"limit={limit!r} must be a whole number of hosts, 1 or more")
+    return whole
 
 
 def expand(text: str, *, limit: int = DEFAULT_LIMIT) -> List[str]:
@@ -464,10 +467,8 @@ def expand(text: str, *, limit: int = DEFAULT_LIMIT) -> List[str]:
     whole once it grows past a few thousand hosts, so a hostile list cannot exhaust memory.
     """
     _check_text(text, "expand")
-    if type(limit) is not int:  # the usual case stays one check
-        limit = _whole_limit(limit)
-    if limit < 1:
-        raise HostlistError(f"limit={limit!r} must be a whole number of hosts, 1 or more")
+    if type(limit) is not int or limit < 1:  # the usual case stays these two checks
+        limit = _checked_limit(limit)
     if "[" not in text and "]" not in text:
         return _expand_plain(text, limit)
     hosts: List[str] = []

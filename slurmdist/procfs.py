@@ -20,3 +20,8 @@ def stat_fields(stat: str) -> List[str]:
     spaces and ')', so the fields start after the last one. Empty for a line without it."""
     _, paren, fields = stat.rpartition(")")
     return fields.split() if paren else []
+
+
+def process_stat(pid: object) -> List[str]:
+    """`stat_fields` of process `pid` (a number, or its digits as text); empty when it is gone."""
+    return stat_fields(read(f"/proc/{str(pid).strip()}/stat") or "")

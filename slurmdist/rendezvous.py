@@ -692,7 +692,7 @@ def _ended_here(holder: str) -> bool:
 
 def _is_zombie(pid: int) -> bool:
     """Linux's process state 'Z' (elsewhere: False)."""
-    return procfs.stat_fields(procfs.read(f"/proc/{pid}/stat") or "")[:1] == ["Z"]
+    return procfs.process_stat(pid)[:1] == ["Z"]
 
 
 def wait_for_count(store: Any, key: str, count: int, seconds: float, pause: float = 0.01) -> None:

@@ -425,7 +425,7 @@ class LocalRestarts:
 
 def _process_start(pid: str) -> str:
     """When process `pid` started (clock ticks since boot, from /proc), or '' when that cannot be read."""
-    fields = procfs.stat_fields(procfs.read(f"/proc/{pid.strip()}/stat") or "")
+    fields = procfs.process_stat(pid)
     return fields[19] if len(fields) > 19 else ""
 
 

@@ -1,7 +1,7 @@
 """The one way from a submission to sbatch (or the local controller), closed once the submitter gives up on it.
 
 Why: submitit pickles the job, then starts sbatch, in the process environment slurmdist made the job's (see
-`submit.job_environment`). A submission given up on (the submission timeout, Ctrl-C) gives the caller its own
+`submit.enter_job_environment`). A submission given up on (the submission timeout, Ctrl-C) gives the caller its own
 environment back at once. One that is still pickling then must not start sbatch at all: sbatch would run in the
 caller's environment (its RANK, its SLURM_JOB_ID) and queue a job nobody follows. The executors pass each start
 through the gate of the thread that submits (`through_gate`); the submitter closes it (`Gate.close`).

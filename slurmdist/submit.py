@@ -19,7 +19,6 @@ Importing this module imports neither submitit nor torch; the executor is built 
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import os
@@ -34,7 +33,7 @@ import traceback
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Set, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
 from . import commands
 from .argv import command_words
@@ -459,16 +458,6 @@ def build_executor(resources: Resources, cluster: str, folder: Path, python: Opt
 _ENVIRON_LOCK = threading.Lock()  # one submission at a time changes os.environ
 
 
-@contextlib.contextmanager
-def job_environment(extra: Mapping[str, str]) -> Iterator[None]:
-    """os.environ as a new job should inherit it, for the length of one submission (see `enter_job_environment`)."""
-    restore = enter_job_environment(extra)
-    try:
-        yield
-    finally:
-        restore()
-
-
 def enter_job_environment(extra: Mapping[str, str]) -> Callable[[], None]:
     """Make os.environ what a new job should inherit: without the submitting process's own launch variables
     (`launch_variables`), with `extra`; returns what puts it back. submitit runs sbatch (and its local
@@ -493,7 +482,7 @@ def enter_job_environment(extra: Mapping[str, str]) -> Callable[[], None]:
 
 
 def _submitting(submit: Callable[[], Any], environment: Mapping[str, str], folder: Path, gated: bool = True) -> Any:
-    """Run a submission with a bound, in the job's environment (`job_environment`), and turn submitit's
+    """Run a submission with a bound, in the job's environment (`enter_job_environment`), and turn submitit's
     failures (sbatch's message) into a SubmitError.
 
     submitit calls sbatch without a timeout, so a slurmctld that does not answer would hang the caller; the
@@ -663,7 +652,12 @@ def stop_command(job: Any) -> str:
     slurmdist started locally leads a process group, signalled whole (see `local_jobs.LocalBatchJob`)."""
     if not is_local(job):
         return f"scancel {job.job_id}"
-    return f"kill -INT -{job.job_id}" if type(job).__name__ == "LocalBatchJob" else f"kill -INT {job.job_id}"
+    return f"kill -INT -{job.job_id}" if _leads_its_group(job) else f"kill -INT {job.job_id}"
+
+
+def _leads_its_group(job: Any) -> bool:
+    """A local job slurmdist started (`local_jobs.LocalBatchJob`): its id is also its process group's."""
+    return type(job).__name__ == "LocalBatchJob"
 
 
 def job_state(job: Any, environ: Optional[Mapping[str, str]] = None, timeout: float = SLURM_CALL_TIMEOUT) -> str:
@@ -697,10 +691,10 @@ def _controller_runs(job: Any) -> bool:
     pid used again by another process does not)."""
     from . import procfs
 
-    fields = procfs.stat_fields(procfs.read(f"/proc/{job.job_id}/stat") or "")
+    fields = procfs.process_stat(job.job_id)
     if not fields or fields[0] == "Z":
         return False
-    return type(job).__name__ != "LocalBatchJob" or fields[2] == str(job.job_id)
+    return not _leads_its_group(job) or fields[2] == str(job.job_id)
 
 
 def slurm_state(job_id: str, environ: Optional[Mapping[str, str]] = None, timeout: float = SLURM_CALL_TIMEOUT) -> str:

@@ -520,18 +520,21 @@ def test_the_submitting_process_launch_is_not_passed_to_the_job():
     ])
 
 
-def test_job_environment_hides_the_launch_and_restores_it(monkeypatch):
+def test_the_job_environment_hides_the_launch_and_restores_it(monkeypatch):
     import os
 
-    from slurmdist.submit import job_environment
+    from slurmdist.submit import enter_job_environment
 
     monkeypatch.setenv("RANK", "3")
     monkeypatch.setenv("SLURM_CONF", "/x/slurm.conf")
     monkeypatch.setenv("SLURMDIST_REQUEUE_SIGNAL", "URG")
-    with job_environment({"SLURMDIST_REQUEUE_SIGNAL": "USR2"}):
+    restore = enter_job_environment({"SLURMDIST_REQUEUE_SIGNAL": "USR2"})
+    try:
         assert "RANK" not in os.environ
         assert os.environ["SLURM_CONF"] == "/x/slurm.conf"
         assert os.environ["SLURMDIST_REQUEUE_SIGNAL"] == "USR2"
+    finally:
+        restore()
     assert (os.environ["RANK"], os.environ["SLURMDIST_REQUEUE_SIGNAL"]) == ("3", "URG")
 
 
