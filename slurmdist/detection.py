@@ -123,9 +123,19 @@ def single(environ: Mapping[str, str], job_id: Optional[str] = None) -> DistEnv:
 
 def _read_mpi(environ: Mapping[str, str], *, inside_step: bool) -> Optional[DistEnv]:
     """An MPI launcher's view, else Flux's. Inside an srun step or a Flux job, a bare PMI_RANK/PMI_SIZE
-    (no local-rank variable) is that launcher's own PMI server, not an MPI launcher of its own."""
+    (no local-rank variable) is that launcher's own PMI server, not an MPI launcher of its own; so are the
+    PALS variables srun's Cray MPI plugin sets in its own tasks."""
     inside_flux = flux.TASK_RANK in environ
-    return mpi.read_any(environ, complete_only=inside_step or inside_flux) or flux.read(environ)
+    skip = ("pals",) if inside_step and _set_by_srun_for_cray_mpi(environ) else ()
+    return mpi.read_any(environ, complete_only=inside_step or inside_flux, skip=skip) or flux.read(environ)
+
+
+def _set_by_srun_for_cray_mpi(environ: Mapping[str, str]) -> bool:
+    """True when the PALS variables are srun's own: its ``mpi/cray_shasta`` plugin (the default on many HPE
+    Cray sites) sets PALS_RANKID, PALS_LOCAL_RANKID and PMI_* in every task of the step, but no
+    PALS_LOCAL_SIZE, and names the step in PALS_APID ("JOB.STEP"). The same on every task, so the whole step
+    reads as srun's, as ``--mpi=pmi2``'s does."""
+    return environ.get("PALS_APID", "").strip() == f"{slurm.job_id(environ)}.{slurm.step_id(environ)}"
 
 
 def _started_inside_step(step: DistEnv, launched_by_mpi: Optional[DistEnv], environ: Mapping[str, str]) -> bool:

@@ -7,7 +7,7 @@ master address: `init()` learns rank 0's over MPI itself, and numbers the nodes 
 
 from __future__ import annotations
 
-from typing import Dict, Mapping, NamedTuple, Optional, Tuple
+from typing import Collection, Dict, Mapping, NamedTuple, Optional, Tuple
 
 from ..distenv import LOOPBACK, DistEnv
 from ..envvars import (
@@ -79,14 +79,16 @@ def read(spec: RankVariables, environ: Mapping[str, str]) -> Optional[DistEnv]:
     )
 
 
-def read_any(environ: Mapping[str, str], *, complete_only: bool = False) -> Optional[DistEnv]:
-    """The first MPI launcher whose variables are present.
+def read_any(
+    environ: Mapping[str, str], *, complete_only: bool = False, skip: Collection[str] = ()
+) -> Optional[DistEnv]:
+    """The first MPI launcher whose variables are present, other than those named in `skip`.
 
     With `complete_only`, launchers whose local-rank variable is missing are passed over: inside an srun
     step, a bare PMI_RANK/PMI_SIZE is srun's own PMI (``--mpi=pmi2``), not another launcher.
     """
     for spec in SPECS:
-        if complete_only and spec.local_rank not in environ:
+        if spec.launcher in skip or (complete_only and spec.local_rank not in environ):
             continue
         env = read(spec, environ)
         if env is not None:

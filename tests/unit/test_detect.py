@@ -217,6 +217,29 @@ def test_srun_with_pmi2_is_still_slurm():
     assert env.launcher == "slurm" and env.rank == 2
 
 
+def cray_shasta_variables(task: dict, apid: str) -> dict:
+    """What srun's mpi/cray_shasta plugin adds to a task (Slurm's mpi_cray_shasta.c): no PALS_LOCAL_SIZE."""
+    return {"PALS_APID": apid, "PALS_RANKID": task["SLURM_PROCID"], "PALS_LOCAL_RANKID": task["SLURM_LOCALID"],
+            "PALS_NODEID": task["SLURM_NODEID"], "PMI_RANK": task["SLURM_PROCID"], "PMI_SIZE": "4",
+            "PMI_LOCAL_RANK": task["SLURM_LOCALID"], "PMI_LOCAL_SIZE": "2", "PMI_JOBID": task["SLURM_JOB_ID"]}
+
+
+def test_srun_with_the_cray_mpi_plugin_is_still_slurm():
+    # `srun --mpi=cray_shasta` (MpiDefault on many HPE Cray sites) sets PALS variables in every task, naming
+    # the step in PALS_APID: read as a PALS launch, every task failed on the PALS_LOCAL_SIZE it never sets.
+    for task in load_case("slurm/srun_N2_tpn2"):
+        apid = f"{task['SLURM_JOB_ID']}.{task['SLURM_STEP_ID']}"
+        env = detect({**task, **cray_shasta_variables(task, apid)})
+        assert (env.launcher, env.rank, env.local_world_size, env.master_addr) == (
+            "slurm", int(task["SLURM_PROCID"]), 2, "node1")
+
+
+def test_pals_variables_of_another_step_are_not_taken_for_srun_s_own():
+    task = load_case("slurm/srun_N2_tpn2")[3]
+    with pytest.raises(LaunchError, match="PALS_LOCAL_SIZE"):
+        detect({**task, **cray_shasta_variables(task, "7.3")})
+
+
 def test_submitit_local_executor_wins_over_an_outer_allocation():
     outer = load_case("slurm/srun_N2_tpn2")[0]
     local = {"SUBMITIT_EXECUTOR": "local", "SUBMITIT_LOCAL_NTASKS": "3", "SUBMITIT_LOCAL_GLOBALID": "2",
