@@ -13,6 +13,7 @@ LOOPBACK = "127.0.0.1"
 
 LAUNCHERS = (
     "torchrun",
+    "deepspeed",
     "slurm",
     "openmpi",
     "pmi",

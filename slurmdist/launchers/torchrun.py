@@ -1,14 +1,20 @@
-"""torchrun / torchelastic (and hand-exported RANK, WORLD_SIZE, LOCAL_RANK)."""
+"""torchrun / torchelastic (and hand-exported RANK, WORLD_SIZE, LOCAL_RANK), and DeepSpeed's launcher."""
 
 from __future__ import annotations
 
 from typing import Mapping, Optional
 
 from ..distenv import DistEnv
-from ..envvars import check_index, check_within, explicit_master, read_count, require_count, scheduler_job_id
+from ..envvars import (
+    check_index, check_within, explicit_master, first_count, read_count, require_count, scheduler_job_id,
+)
 from ..errors import LaunchError, quoted
 
 _CORE = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+# DeepSpeed's launcher (deepspeed.launcher.launch) exports torch's core variables with its own names for the
+# rest: LOCAL_SIZE for LOCAL_WORLD_SIZE, CROSS_RANK / CROSS_SIZE for GROUP_RANK / GROUP_WORLD_SIZE. torchrun's
+# names win where both are set.
+DEEPSPEED_LOCAL_SIZE = "LOCAL_SIZE"
 
 
 def present(environ: Mapping[str, str]) -> bool:
@@ -37,36 +43,41 @@ def refuse_partial(environ: Mapping[str, str]) -> None:
 
 
 def read(environ: Mapping[str, str]) -> Optional[DistEnv]:
+    """torchrun's workers, hand-made env:// exports, and DeepSpeed launcher's workers (launcher "deepspeed")."""
     if not present(environ):
         return None
     world_size = require_count(environ, "WORLD_SIZE", "torchrun", minimum=1)
     rank = require_count(environ, "RANK", "torchrun")
     local_rank = require_count(environ, "LOCAL_RANK", "torchrun")
-    local_world_size = read_count(environ, "LOCAL_WORLD_SIZE", minimum=1)
-    if local_world_size is None:
+    local_world = first_count(environ, ("LOCAL_WORLD_SIZE", DEEPSPEED_LOCAL_SIZE), minimum=1)
+    if local_world is None:
         if world_size != 1:
             raise LaunchError(
                 f"RANK/WORLD_SIZE/LOCAL_RANK are set (WORLD_SIZE={world_size}) but LOCAL_WORLD_SIZE is not, so "
-                "the number of processes on this node is unknown. Export LOCAL_WORLD_SIZE too (torchrun does), "
-                "or unset RANK/WORLD_SIZE/LOCAL_RANK and let slurmdist read the launcher's own variables.",
+                "the number of processes on this node is unknown. Export LOCAL_WORLD_SIZE too (torchrun does; "
+                "DeepSpeed's launcher sets LOCAL_SIZE), or unset RANK/WORLD_SIZE/LOCAL_RANK and let slurmdist "
+                "read the launcher's own variables.",
                 "LOCAL_WORLD_SIZE",
             )
-        local_world_size = 1
-    node_rank = read_count(environ, "GROUP_RANK")
-    num_nodes = read_count(environ, "GROUP_WORLD_SIZE", minimum=1)
+        local_world = ("LOCAL_WORLD_SIZE", 1)
+    local_size_name, local_world_size = local_world
+    launcher = "deepspeed" if local_size_name == DEEPSPEED_LOCAL_SIZE else "torchrun"
+    node_name, node_rank = first_count(environ, ("GROUP_RANK", "CROSS_RANK")) or ("GROUP_RANK", None)
+    nodes_name, num_nodes = first_count(environ, ("GROUP_WORLD_SIZE", "CROSS_SIZE"), minimum=1) or (
+        "GROUP_WORLD_SIZE", None)
     if node_rank is None and num_nodes is None and local_world_size == world_size:
         node_rank, num_nodes = 0, 1  # every process is on this node (set by hand, or one process alone)
     # Named checks before DistEnv's own: the message then names the variables that disagree.
-    check_index("torchrun", "RANK", rank, "WORLD_SIZE", world_size)
-    check_index("torchrun", "LOCAL_RANK", local_rank, "LOCAL_WORLD_SIZE", local_world_size)
-    check_within("torchrun", "LOCAL_WORLD_SIZE", local_world_size, "WORLD_SIZE", world_size)
+    check_index(launcher, "RANK", rank, "WORLD_SIZE", world_size)
+    check_index(launcher, "LOCAL_RANK", local_rank, local_size_name, local_world_size)
+    check_within(launcher, local_size_name, local_world_size, "WORLD_SIZE", world_size)
     if num_nodes is not None:  # every node (agent) runs at least one worker
-        check_within("torchrun", "GROUP_WORLD_SIZE", num_nodes, "WORLD_SIZE", world_size)
+        check_within(launcher, nodes_name, num_nodes, "WORLD_SIZE", world_size)
     if node_rank is not None and num_nodes is not None:
-        check_index("torchrun", "GROUP_RANK", node_rank, "GROUP_WORLD_SIZE", num_nodes)
+        check_index(launcher, node_name, node_rank, nodes_name, num_nodes)
     master_addr, master_port = explicit_master(environ)
     return DistEnv(
-        launcher="torchrun",
+        launcher=launcher,
         rank=rank,
         local_rank=local_rank,
         world_size=world_size,

@@ -468,6 +468,30 @@ def test_torchrun_without_local_world_size_asks_for_it():
         detect({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0"})
 
 
+def deepspeed_worker(rank: int, local_rank: int, node_rank: int) -> dict:
+    """What deepspeed.launcher.launch exports to a worker of 2 nodes x 4: no LOCAL_WORLD_SIZE, no GROUP_*."""
+    return {"RANK": str(rank), "LOCAL_RANK": str(local_rank), "WORLD_SIZE": "8", "LOCAL_SIZE": "4",
+            "CROSS_RANK": str(node_rank), "CROSS_SIZE": "2", "MASTER_ADDR": "node1", "MASTER_PORT": "29500"}
+
+
+def test_deepspeed_launcher_workers_are_read_from_its_own_names():
+    # Its LOCAL_SIZE and CROSS_RANK/CROSS_SIZE stand for torchrun's LOCAL_WORLD_SIZE and GROUP_*: without
+    # them every worker failed, asking for a LOCAL_WORLD_SIZE DeepSpeed's launcher never sets.
+    for rank in range(8):
+        env = detect(deepspeed_worker(rank, rank % 4, rank // 4))
+        assert (env.launcher, env.rank, env.local_rank, env.world_size, env.local_world_size) == (
+            "deepspeed", rank, rank % 4, 8, 4)
+        assert (env.node_rank, env.num_nodes, env.master_addr, env.master_port) == (rank // 4, 2, "node1", 29500)
+
+
+def test_torchrun_names_win_over_deepspeed_ones_and_a_contradiction_names_the_variable():
+    both = {**deepspeed_worker(5, 1, 1), "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "2", "GROUP_WORLD_SIZE": "4"}
+    env = detect(both)
+    assert (env.launcher, env.local_world_size, env.node_rank, env.num_nodes) == ("torchrun", 2, 2, 4)
+    with pytest.raises(LaunchError, match=r"deepspeed: CROSS_RANK=2 but CROSS_SIZE=2"):
+        detect(deepspeed_worker(5, 1, 2))
+
+
 @pytest.mark.parametrize("environ, missing", [
     ({"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "10.1.2.3", "MASTER_PORT": "29500"}, "LOCAL_RANK"),  # env://
     ({"WORLD_SIZE": "4"}, "RANK"),
