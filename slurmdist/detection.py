@@ -8,7 +8,8 @@ Precedence, first match wins:
    its daemons with srun, so its ranks carry the daemons' step variables)
 4. MPI launchers: Open MPI, MVAPICH2, Cray PALS, LSF jsrun, PMI (MPICH, Intel MPI, Hydra), Flux
 5. a Slurm job outside any step: the batch script with several tasks is an error, an salloc shell a warning
-6. a single process, unless RANK or WORLD_SIZE say it is one of several (an incomplete env:// export: an error)
+6. a single process, unless RANK or WORLD_SIZE say it is one of several (an incomplete env:// export: an error),
+   or PMIX_RANK does (a PMIx launcher that exports no size: an error)
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ def detect(environ: Optional[Mapping[str, str]] = None) -> DistEnv:
         return launched_by_mpi
     job_id = slurm.check_outside_step(environ)
     torchrun.refuse_partial(environ)
+    mpi.refuse_bare_pmix(environ)
     return single(environ, job_id=job_id)
 
 

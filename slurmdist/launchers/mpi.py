@@ -13,6 +13,7 @@ from ..distenv import LOOPBACK, DistEnv
 from ..envvars import (
     check_index, check_within, explicit_master, read_count, read_text, require_count, scheduler_job_id,
 )
+from ..errors import LaunchError
 from ..ports import step_port
 
 
@@ -94,6 +95,23 @@ def read_any(
         if env is not None:
             return env
     return None
+
+
+def refuse_bare_pmix(environ: Mapping[str, str]) -> None:
+    """For a process no launcher describes: PMIX_RANK above 0 says it is one of several ranks of a PMIx
+    launcher whose other variables slurmdist does not read (PRRTE's prterun or prun without Open MPI's
+    personality, which puts no size in the environment). Taken as a single process, every rank would train
+    alone as rank 0."""
+    rank = read_count(environ, "PMIX_RANK")
+    if rank:
+        raise LaunchError(
+            f"PMIX_RANK={rank} says this process is rank {rank} of a PMIx launch (prterun, prun), but no variable "
+            "slurmdist reads says how many ranks it has or where they are: start it with Open MPI's mpirun "
+            "(OMPI_COMM_WORLD_*) or srun --mpi=pmix, export RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE "
+            "and MASTER_ADDR/MASTER_PORT per rank, or unset PMIX_RANK if it is left over",
+            "PMIX_RANK",
+            environ["PMIX_RANK"],
+        )
 
 
 def rank_env(

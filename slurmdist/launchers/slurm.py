@@ -115,8 +115,9 @@ def read_step(environ: Mapping[str, str]) -> Optional[DistEnv]:
         )
     check_index("srun", "SLURM_PROCID", rank, world_name, world_size)
     check_index("srun", "SLURM_NODEID", node_rank, nodes_name, num_nodes)
+    master_addr, master_port = explicit_master(environ)
     # Read even when unused: it checks the nodelist against the node count, which this node's place in it needs.
-    first_host = _first_host(environ, num_nodes)
+    first_host = _first_host(environ, num_nodes, master_given=master_addr is not None)
     het_nodes = _heterogeneous_step_nodes(environ)
     position = _position(environ, het_nodes, node_rank, num_nodes)
     local_world_size = layout[position]
@@ -125,7 +126,6 @@ def read_step(environ: Mapping[str, str]) -> Optional[DistEnv]:
     job = job_id(environ)
     _require_number(environ, STEP_ID_VARIABLES, "step id")
     _require_number(environ, JOB_ID_VARIABLES, "job id")
-    master_addr, master_port = explicit_master(environ)
     if master_addr is None and not arbitrary_layout(environ):
         # Block, cyclic and plane layouts all put task 0 on the first node; a heterogeneous step on the
         # first node of its first component, which Slurm's sorted step nodelist need not start with.
@@ -237,7 +237,8 @@ def check_outside_step(environ: Mapping[str, str]) -> Optional[str]:
             "but the batch script runs only once, on the first node: the other tasks were never started and "
             "the job would hang or waste their GPUs. Start the tasks with srun in the job script, e.g. "
             "`srun python train.py ...` (or `srun slurmdist run -- python train.py ...`). "
-            "To run one process on purpose, submit with --ntasks=1.",
+            "To run one process on purpose, submit with --ntasks=1; for a helper run once in the job script "
+            "beside the srun steps (data preparation, evaluation), set SLURMDIST_LAUNCHER=single for it.",
             source.split("=")[0],
             str(tasks),
         )
@@ -291,8 +292,9 @@ def _tasks_per_node(environ: Mapping[str, str]) -> Tuple[str, list]:
     )
 
 
-def _first_host(environ: Mapping[str, str], num_nodes: int) -> str:
-    """First host of the step's nodelist, after checking the whole list parses (and matches the node count)."""
+def _first_host(environ: Mapping[str, str], num_nodes: int, *, master_given: bool) -> Optional[str]:
+    """First host of the step's nodelist, after checking the whole list parses (and matches the node count).
+    None when no nodelist is set but MASTER_ADDR is (a container that passes on only some SLURM_* variables)."""
     from .. import hostlist  # here, not at the top: torchrun and MPI launches never load the grammar
 
     for name in NODELIST_VARIABLES:
@@ -312,6 +314,8 @@ def _first_host(environ: Mapping[str, str], num_nodes: int) -> str:
                 raw,
             )
         return first
+    if master_given:
+        return None
     raise LaunchError(
         f"srun step detected but no nodelist ({', '.join(NODELIST_VARIABLES)}) is set, so the master host is "
         "unknown; set MASTER_ADDR, or run under srun",

@@ -122,6 +122,9 @@ def test_sbatch_batch_script_with_several_tasks_fails_fast_with_an_srun_hint():
         detect(environ)
     message = str(raised.value)
     assert "srun" in message and "SLURM_NTASKS=4" in message and environ["SLURM_JOB_ID"] in message
+    # The way out it names for a helper run once beside the steps is one that works.
+    assert "SLURMDIST_LAUNCHER=single" in message
+    assert detect({**environ, "SLURMDIST_LAUNCHER": "single"}).launcher == "single"
 
 
 def test_sbatch_batch_script_with_one_task_is_a_single_process():
@@ -419,6 +422,16 @@ def test_malformed_or_contradictory_slurm_values_name_the_variable(changes, vari
         assert (raised.value.variable, raised.value.value) == (variable, changes[variable])
 
 
+def test_a_step_without_a_nodelist_asks_for_master_addr_and_takes_it_when_given():
+    # A container that passes on only some SLURM_* variables: the message says to set MASTER_ADDR, so that
+    # must be enough (it used to raise the same message with MASTER_ADDR set).
+    no_nodelist = {name: value for name, value in STEP.items() if not name.endswith("NODELIST")}
+    with pytest.raises(LaunchError, match="no nodelist .* set MASTER_ADDR"):
+        detect(no_nodelist)
+    env = detect({**no_nodelist, "MASTER_ADDR": "10.1.2.3"})
+    assert (env.launcher, env.master_addr, env.rank) == ("slurm", "10.1.2.3", int(STEP["SLURM_PROCID"]))
+
+
 @pytest.mark.parametrize("changes,variable", [
     ({"OMPI_COMM_WORLD_RANK": "4"}, "OMPI_COMM_WORLD_RANK"),
     ({"OMPI_COMM_WORLD_LOCAL_RANK": "x"}, "OMPI_COMM_WORLD_LOCAL_RANK"),
@@ -503,6 +516,16 @@ def test_an_incomplete_env_export_naming_several_processes_is_refused_not_run_al
         detect(environ)
     assert raised.value.variable == missing
     assert "LOCAL_WORLD_SIZE" in str(raised.value)
+
+
+def test_a_pmix_rank_above_0_from_a_launcher_without_a_size_is_refused_not_run_alone():
+    # PRRTE's prterun without Open MPI's personality sets PMIX_RANK and PMIX_NAMESPACE but no size: read as
+    # a single process, every rank trained alone as rank 0 of 1.
+    with pytest.raises(LaunchError, match="PMIX_RANK=3 says this process is rank 3") as raised:
+        detect({"PMIX_RANK": "3", "PMIX_NAMESPACE": "prterun-host-1234@1"})
+    assert (raised.value.variable, raised.value.value) == ("PMIX_RANK", "3")
+    assert detect({"PMIX_RANK": "0", "PMIX_NAMESPACE": "prterun-host-1234@1"}).launcher == "single"
+    assert detect(load_case("mpi/openmpi_np4")[3]).launcher == "openmpi"  # Open MPI sets PMIX_RANK too
 
 
 @pytest.mark.parametrize("environ", [{"RANK": "0", "WORLD_SIZE": "1"}, {"RANK": "0"}, {"WORLD_SIZE": "1"}])
