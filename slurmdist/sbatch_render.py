@@ -26,6 +26,7 @@ LAUNCHERS = ("srun", "torchrun", "mpirun")
 DEFAULT_SIGNAL = "USR2@120"
 SLURM_DEFAULT_SIGNAL_DELAY = 60  # seconds, when --signal gives no @DELAY
 DEVICES = ("gpu", "npu", "cpu")
+REQUEUE_SIGNAL_VARIABLE = "SLURMDIST_REQUEUE_SIGNAL"  # requeue.SIGNAL_VARIABLE, without importing requeue here
 
 # What each #SBATCH value may contain. Narrow on purpose: these are the characters real partition,
 # account and job names and Slurm's filename patterns (%j, %x, %A, %a) use, and none of them is special to
@@ -244,6 +245,9 @@ def render(spec: JobSpec) -> str:
                   "# or the signal kills it. Render with --signal '' for no warning.", "#"]
     lines += [f"#SBATCH {option}" for option in sbatch_options(spec)]
     lines += ["", "set -euo pipefail", *NOT_IN_A_JOB]
+    if spec.signal:
+        lines += ["# The signal slurmdist.requeue.install() listens for: the one --signal above sends.",
+                  f"export {REQUEUE_SIGNAL_VARIABLE}={_signal_called(_warning_of(spec.signal)[0])[3:]}"]
     if spec.launcher != "mpirun":  # mpirun's own srun (its daemons, one per node) must keep the node's CPUs
         lines += [
             "# Slurm >= 22.05: srun no longer inherits --cpus-per-task from the allocation; hand it on when set.",
@@ -411,6 +415,9 @@ def _sbatch(args: argparse.Namespace) -> int:
     return 0
 
 
+_ASK_ON_SBATCH_LINE = {"gpu": "--gpus-per-node=N", "npu": "--gres=npu:N"}  # as sbatch_options() writes them
+
+
 def devices_not_asked_for(spec: JobSpec) -> Optional[str]:
     """What is off when a GPU or NPU job asks Slurm for none of them (the default --device is gpu, and -G is 0
     unless given), or None: its ranks then train on the CPU wherever the partition gives no device anyway."""
@@ -419,7 +426,8 @@ def devices_not_asked_for(spec: JobSpec) -> Optional[str]:
     unit = _TASK_UNIT[spec.device]
     return (f"--device {spec.device} without --gpus-per-node asks Slurm for no {unit}s: the ranks get none, unless "
             f"the partition gives them anyway, and slurmdist.init() then trains on the CPU (gloo). Give -G N ({unit}s "
-            "per node; or --gpus-per-node on the sbatch command line), or --device cpu for a CPU job")
+            f"per node; or {_ASK_ON_SBATCH_LINE[spec.device]} on the sbatch command line), or --device cpu for a CPU "
+            "job")
 
 
 def missing_log_folder(output: str) -> Optional[str]:

@@ -7,6 +7,7 @@ by stubs that record their argv: the command must arrive word for word, and no c
 from __future__ import annotations
 
 import os
+import sys
 import re
 import signal
 import stat
@@ -258,6 +259,26 @@ def test_the_warning_signal_is_spelled_as_slurm_does_and_explained_at_the_top():
         assert f"#SBATCH --time={unlimited}\n" in render(JobSpec(command=("python", "t.py"), time=unlimited))
 
 
+@pytest.mark.parametrize("warning, expected", [("usr1@60", signal.SIGUSR1), ("pwr@90", signal.SIGPWR),
+                                               (None, signal.SIGUSR2)])
+def test_the_tasks_requeue_handler_listens_for_the_signal_the_script_asks_slurm_for(tmp_path, warning, expected):
+    # With --signal USR1 and no export, requeue.install() listened for USR2, and Slurm's USR1 killed the task.
+    script = render(JobSpec(command=("python", "t.py"), time="30", signal=warning, device="cpu"))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    srun = bin_dir / "srun"  # a task: which signal would slurmdist.requeue.install() catch here?
+    srun.write_text(f"#!/bin/bash\nexec {sys.executable} -c 'from slurmdist.requeue import parse_signal; "
+                    f"print(parse_signal().name)' > {tmp_path / 'heard'}\n")
+    srun.chmod(0o755)
+    (tmp_path / "job.sh").write_text(script)
+    env = {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "SLURM_JOB_ID": "42", "SLURM_NNODES": "1",
+           "SLURM_NTASKS": "1", "SLURM_JOB_NODELIST": "node1", "SLURM_SUBMIT_DIR": str(tmp_path),
+           "SLURMDIST_REQUEUE_SIGNAL": "USR2", "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    done = subprocess.run(["bash", str(tmp_path / "job.sh")], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "heard").read_text().strip() == expected.name
+
+
 def test_npu_cpu_and_torchrun_layouts():
     npu = render(JobSpec(command=("python", "t.py"), nodes=2, gpus_per_node=8, device="npu"))
     assert "#SBATCH --gres=npu:8\n" in npu and "--ntasks-per-node=8\n" in npu and "gpus-per-node" not in npu
@@ -305,6 +326,8 @@ def test_a_gpu_job_that_asks_for_no_gpus_is_warned_about(capsys, args, unit, war
         assert "warning" not in said.err
     else:
         assert warned in said.err and "Give -G N" in said.err
+        # The option to put on sbatch's own command line instead asks for that device (no GPUs for NPUs).
+        assert ("--gres=npu:N on the sbatch" if "npu" in args else "--gpus-per-node=N on the sbatch") in said.err
 
 
 @pytest.mark.parametrize("limit", ["0", "infinite", "UNLIMITED"])
