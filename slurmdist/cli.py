@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import shlex
@@ -51,13 +52,23 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         _silence_stdout()
         return 128 + signal.SIGPIPE  # what a shell reports for a writer that SIGPIPE ended
     except OSError as error:  # `> /dev/full`, a file system gone read-only: as coreutils report a failed write
-        print(f"slurmdist: error: {error}", file=sys.stderr)
+        print(f"slurmdist: error: {_as_said(error)}", file=sys.stderr)
         if sys.stdout is not None:
             try:
                 sys.stdout.flush()
             except OSError:
                 _silence_stdout()
         return 1
+
+
+# What only a write fails with: said as coreutils say it ("write error: No space left on device").
+_WRITE_ERRORS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.EROFS})
+
+
+def _as_said(error: OSError) -> str:
+    if error.errno in _WRITE_ERRORS and error.filename is None and error.strerror:
+        return f"write error: {error.strerror}"
+    return str(error)
 
 
 def _require_stdout() -> None:
@@ -298,7 +309,9 @@ def _hostlist(args: argparse.Namespace) -> int:
         if hosts:  # one line per host: none for empty standard input, as `count` says 0
             print("\n".join(hosts))
     elif args.action == "compress":
-        print(hostlist.compress(hostlist.expand(text, limit=limit)))
+        compressed = hostlist.compress(hostlist.expand(text, limit=limit))
+        if compressed:  # empty standard input: no line at all, as expand prints none
+            print(compressed)
     elif args.action == "first":
         print(hostlist.first(text))
     else:

@@ -195,6 +195,9 @@ def test_hostlist_reads_standard_input_for_a_dash():
     assert hostlist("expand", "-", "m1", stdin="n[1-2]\n").stdout.split() == ["n1", "n2", "m1"]
     assert hostlist("count", "-", stdin="").stdout == "0\n"  # as `wc -l` counts an empty pipe
     assert hostlist("expand", "-", stdin="").stdout == ""  # no host, no line
+    assert hostlist("compress", "-", stdin="").stdout == ""  # nor a blank one
+    first = hostlist("first", "-", stdin="")  # an empty list has no first host
+    assert first.returncode == 2 and "names no host" in first.stderr and first.stdout == ""
     big = ",".join(f"h{n}x" for n in range(40000))  # beyond what one command-line argument may hold (128 KiB)
     assert hostlist("count", "-", stdin=big).stdout == "40000\n"
     closed = subprocess.run(["bash", "-c", f"{sys.executable} -m slurmdist hostlist expand - <&-"], timeout=30,
@@ -218,7 +221,7 @@ def test_a_failed_write_is_one_line_of_error_not_a_traceback(args):
     with open("/dev/full", "w") as full:
         proc = subprocess.run([sys.executable, "-m", "slurmdist", *args], stdout=full, stderr=subprocess.PIPE,
                               text=True, timeout=30, env=clean_environ())
-    assert (proc.returncode, proc.stderr) == (1, "slurmdist: error: [Errno 28] No space left on device\n")
+    assert (proc.returncode, proc.stderr) == (1, "slurmdist: error: write error: No space left on device\n")
 
 
 @pytest.mark.parametrize("args", [("hostlist", "expand", "n[1-3]"), ("env", "--format", "json"),
