@@ -37,6 +37,22 @@ _TIME = re.compile(r"\d+(-\d+)?(:\d+){0,2}|\d+-\d+(:\d+)?|(?i:infinite|unlimited
 _NO_LIMIT = re.compile(r"[0:-]+|(?i:infinite|unlimited)")  # Slurm's ways to say "no time limit"
 _PATH = re.compile(r"[A-Za-z0-9_./%+-]+")
 _SIGNAL = re.compile(r"(R:)?[A-Z0-9]+(@\d+)?", re.ASCII)  # not B:, which signals only the batch shell (it would die)
+# An sbatch option's long name, and a --mem size (sbatch takes no fractions; a unit may end in B, as 500MB, but a
+# bare B is no unit sbatch knows). Shared with submit.py. re.ASCII: \d also matches other scripts' digits.
+OPTION_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")  # fullmatch: '$' would also pass a trailing newline
+MEMORY_SIZE = re.compile(r"\d+([KMGT]B?)?", re.IGNORECASE | re.ASCII)
+# A value given with --sbatch KEY=VALUE: what constraints (a100&nvlink), gres (gpu:a100:4), node lists
+# (node[1-3]), mail addresses and reservations hold; nothing that ends an #SBATCH line or starts a comment.
+_EXTRA_VALUE = re.compile(r"[A-Za-z0-9_.,:;@%+=/\[\]()&|!*~^-]+")
+# #SBATCH options the renderer writes itself, and the option of its own that sets each instead.
+_RENDERED_OPTIONS = {
+    "nodes": "--nodes", "ntasks": "--nodes and --tasks-per-node", "ntasks-per-node": "--tasks-per-node",
+    "gpus-per-node": "--gpus-per-node", "cpus-per-task": "--cpus-per-task", "time": "--time",
+    "partition": "--partition", "account": "--account", "job-name": "--job-name", "output": "--output",
+    "error": "--output (one log per job)", "signal": "--signal", "requeue": "--no-requeue to leave it out",
+    "no-requeue": "--no-requeue", "open-mode": "nothing (a requeued job appends to its log)", "mem": "--mem",
+    "wrap": "the command after --",
+}
 
 
 class SbatchError(SlurmdistError):
@@ -64,6 +80,8 @@ class JobSpec:
     requeue: bool = True
     share_devices: bool = False  # let more ranks than devices share a node's GPUs/NPUs (SLURMDIST_SHARE_DEVICES)
     setup: Tuple[str, ...] = ()  # shell lines before the launch (module load, source a venv): shell on purpose
+    mem: Optional[str] = None  # memory per node, with its unit (32G)
+    extra: Tuple[Tuple[str, Optional[str]], ...] = ()  # other #SBATCH options: (name, value), None for a flag
 
 
 # --- validation ------------------------------------------------------------------------------------------
@@ -100,6 +118,9 @@ def validate(spec: JobSpec) -> JobSpec:
     if not _TIME.fullmatch(spec.time):
         raise _not_a_time(spec.time)
     _check("output", spec.output, _PATH, "_ . / % + - (%x job name, %j job id)")
+    _check_mem(spec.mem)
+    for name, value in spec.extra:
+        _check_extra(name, value)
     # Errors quote the value as the user wrote it.
     typed = f"--signal {spec.signal!r}" if spec.signal is not None else f"the default --signal {DEFAULT_SIGNAL}"
     warning = spec.signal
@@ -133,6 +154,28 @@ def validate(spec: JobSpec) -> JobSpec:
     spec = _with_rank_counts(spec)
     _check_devices_per_rank(spec)
     return spec
+
+
+def _check_mem(mem: Optional[str]) -> None:
+    size = None if mem is None else MEMORY_SIZE.fullmatch(mem)
+    if mem is not None and (size is None or (size.group(1) is None and mem.strip("0"))):
+        raise SbatchError(f"--mem {mem!r} is not a memory size with its unit, such as 32G or 500M (sbatch reads a "
+                          "bare number as megabytes; 0 is all of the node's memory)")
+
+
+def _check_extra(name: str, value: Optional[str]) -> None:
+    """An --sbatch KEY[=VALUE] option: a long option name the script does not write itself, and a value that
+    stays one #SBATCH word."""
+    typed = name if value is None else f"{name}={value}"
+    if not OPTION_NAME.fullmatch(name) or len(name) == 1:
+        raise SbatchError(f"--sbatch {typed!r}: give an sbatch option's long name (constraint for -C, qos for -q), "
+                          "as KEY=VALUE or a flag alone, e.g. --sbatch constraint=a100 or --sbatch exclusive")
+    option = name.replace("_", "-")
+    if option in _RENDERED_OPTIONS:
+        raise SbatchError(f"--sbatch {typed!r}: the script writes --{option} itself; use {_RENDERED_OPTIONS[option]}")
+    if value is not None and not _EXTRA_VALUE.fullmatch(value):
+        raise SbatchError(f"--sbatch {typed!r}: the value must be one word without spaces, quotes or '#' (an "
+                          "#SBATCH line ends there)")
 
 
 def _not_a_time(time: str) -> SbatchError:
@@ -285,8 +328,9 @@ def sbatch_options(spec: JobSpec) -> List[str]:
     if spec.cpus_per_task:
         options.append(f"--cpus-per-task={spec.cpus_per_task}")
     options.append(f"--time={spec.time}")
-    options += [f"--{name}={value}" for name, value in (("partition", spec.partition), ("account", spec.account))
-                if value]
+    options += [f"--{name}={value}" for name, value in (("partition", spec.partition), ("account", spec.account),
+                                                        ("mem", spec.mem)) if value]
+    options += [f"--{name.replace('_', '-')}" + ("" if value is None else f"={value}") for name, value in spec.extra]
     if spec.signal:  # srun only (validated): torchrun's agent and mpirun do not pass SIGUSR2 on
         options.append(f"--signal={spec.signal}")
     options.append(f"--output={spec.output}")
@@ -350,6 +394,10 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--partition", "-p")
     parser.add_argument("--account", "-A")
     parser.add_argument("--job-name", "-J", default="train")
+    parser.add_argument("--mem", help="memory per node with its unit, e.g. 32G or 500M")
+    parser.add_argument("--sbatch", action="append", default=[], metavar="KEY=VALUE",
+                        help="any other #SBATCH option, e.g. --sbatch constraint=a100 or --sbatch qos=high, or a flag "
+                        "alone: --sbatch exclusive (repeatable)")
     parser.add_argument("--output", default="%x-%j.out", help="log file pattern (%%x job name, %%j job id)")
     parser.add_argument("--launcher", choices=LAUNCHERS, default="srun")
     parser.add_argument("--device", choices=DEVICES, default="gpu", help="npu: ask for --gres=npu:N")
@@ -367,6 +415,8 @@ def register(subparsers: Any) -> None:
 
 
 def spec_from_args(args: argparse.Namespace) -> JobSpec:
+    from .submit_cli import parse_sbatch_options
+
     command = command_words(args.command, "slurmdist sbatch", "slurmdist sbatch [options] -- python train.py ARGS",
                             SbatchError)
     return JobSpec(
@@ -387,6 +437,8 @@ def spec_from_args(args: argparse.Namespace) -> JobSpec:
         requeue=args.requeue,
         share_devices=args.share_devices,
         setup=tuple(args.setup),
+        mem=args.mem,
+        extra=tuple((key, None if value is True else value) for key, value in parse_sbatch_options(args.sbatch).items()),
     )
 
 

@@ -42,7 +42,7 @@ from .envvars import is_whole, whole_number
 from .errors import SlurmdistError
 from .requeue import (DEFAULT_SIGNAL_DELAY, RequeueError, Resumable, parse_signal, requeue_limit, signal_delay_problem,
                       slurm_name)
-from .sbatch_render import HAND_ON_CPUS_PER_TASK
+from .sbatch_render import HAND_ON_CPUS_PER_TASK, MEMORY_SIZE, OPTION_NAME
 from .task_command import Command, CommandFailed
 
 log = logging.getLogger("slurmdist")
@@ -109,10 +109,6 @@ MANAGED_OPTIONS = {
     "open-mode": "nothing: the logs are appended to, so a requeued job keeps its earlier output",
     "wrap": "the command to run, which slurmdist writes into the job script",
 }
-_OPTION_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")  # fullmatch: '$' would also pass a trailing newline
-# sbatch takes no fractions ("1.5G"): a number is converted. re.ASCII: \d also matches other scripts' digits.
-# A unit may end in B (500MB), but a bare B is no unit sbatch knows (500B: "Invalid --mem specification").
-_MEM = re.compile(r"\d+([KMGT]B?)?", re.IGNORECASE | re.ASCII)
 
 
 class SubmitError(SlurmdistError):
@@ -176,7 +172,7 @@ def parse_mem(value: Union[int, float, str]) -> str:
             raise SubmitError(f"mem={value!r} must be a positive, finite amount (GiB)")
         return f"{int(value)}G" if float(value).is_integer() else f"{math.ceil(value * 1024)}M"
     text = str(value).strip()
-    size = _MEM.fullmatch(text)
+    size = MEMORY_SIZE.fullmatch(text)
     if not size:
         raise SubmitError(f"mem={value!r} is not a Slurm memory size such as 32G or 500M (whole numbers; a "
                           "Python number such as 1.5 is taken as GiB)")
@@ -252,7 +248,7 @@ def _check_sbatch_options(options: Mapping[str, Any]) -> None:
         raise SubmitError(f"sbatch={options!r} must be a mapping of option names to values, such as "
                           "{'constraint': 'a100', 'qos': 'high'}")
     for key, value in options.items():
-        if not isinstance(key, str) or not _OPTION_NAME.fullmatch(key):
+        if not isinstance(key, str) or not OPTION_NAME.fullmatch(key):
             raise SubmitError(f"sbatch option {key!r} is not an option name (letters, digits, '-' and '_')")
         name = key.replace("_", "-")
         if len(name) == 1:  # written as `#SBATCH --C=...`, which sbatch refuses

@@ -53,7 +53,7 @@ def register(subparsers: Any) -> None:
                             "(repeatable)")
     shape.add_argument("--setup", action="append", default=[], metavar="LINE",
                        help="shell line run before srun, e.g. 'module load cuda' (repeatable)")
-    shape.add_argument("--name", "-J", default="slurmdist", help="job name")
+    shape.add_argument("--name", "--job-name", "-J", default="slurmdist", help="job name")
     shape.add_argument("--signal", help="requeue warning signal sent before the time limit (default USR2)")
     shape.add_argument("--signal-delay", type=int, default=None, metavar="SECONDS",
                        help="send it this long before the time limit (default 120)")

@@ -213,6 +213,33 @@ def test_rendered_options_follow_the_request(capsys):
     assert script.rstrip().endswith("srun --kill-on-bad-exit=1 python train.py --lr 0.1")
 
 
+def test_memory_and_any_other_sbatch_option_reach_the_script(capsys):
+    # Sites that need --mem, --qos or --constraint used to edit the rendered script by hand.
+    assert cli.main(["sbatch", "--device", "cpu", "--mem", "32G", "--sbatch", "constraint=a100&nvlink",
+                     "--sbatch", "qos=high", "--sbatch", "exclusive", "--sbatch", "mail_type=END",
+                     "--", "python", "train.py"]) == 0
+    script = capsys.readouterr().out
+    for line in ("--mem=32G", "--constraint=a100&nvlink", "--qos=high", "--exclusive", "--mail-type=END"):
+        assert f"#SBATCH {line}\n" in script
+    assert "--mem" not in render(JobSpec(command=("python", "t.py")))
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--mem", "32"], r"--mem '32' is not a memory size with its unit.*megabytes"),
+    (["--mem", "1.5G"], r"--mem '1.5G' is not a memory size"),
+    (["--sbatch", "time=10"], r"--sbatch 'time=10': the script writes --time itself; use --time"),
+    (["--sbatch", "job_name=x"], r"writes --job-name itself; use --job-name"),
+    (["--sbatch", "C=a100"], r"long name \(constraint for -C"),
+    (["--sbatch", "comment=two words"], r"one word without spaces"),
+    (["--sbatch", "comment=x\n#SBATCH --nodes=99"], r"one word without spaces"),
+    (["--sbatch", "=x"], r"expected KEY=VALUE"),
+])
+def test_bad_memory_and_sbatch_options_are_refused_naming_them(capsys, args, message):
+    assert cli.main(["sbatch", "--device", "cpu", *args, "--", "python", "train.py"]) == 2
+    said = capsys.readouterr()
+    assert re.search(message, said.err) and said.out == ""
+
+
 @pytest.mark.parametrize("output, warned", [("logs/%x-%j.out", True), ("%x-%j.out", False),
                                             ("%x/%j.out", False), ("made/%j.out", False)])
 def test_a_log_folder_that_does_not_exist_is_warned_about(capsys, tmp_path, monkeypatch, output, warned):

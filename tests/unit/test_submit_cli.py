@@ -35,6 +35,12 @@ def test_the_short_options_are_slurmdist_sbatchs_and_sbatchs_own():
         "name": "run"}
 
 
+def test_the_job_name_option_is_spelled_as_in_slurmdist_sbatch_and_sbatch_too():
+    # `slurmdist sbatch --job-name x` worked and `slurmdist submit --job-name x` was "unrecognized arguments".
+    assert submitter_options(parse("--job-name", "run", "--", "true"))["name"] == "run"
+    assert submitter_options(parse("--name", "run", "--", "true"))["name"] == "run"
+
+
 def test_the_command_keeps_its_own_options_and_odd_characters():
     args = parse("--wait", "--", "python", "-c", "print('$(rm -rf /)'); x = 1 > 0", "--nodes", "3")
     assert command_of(args) == ["python", "-c", "print('$(rm -rf /)'); x = 1 > 0", "--nodes", "3"]
