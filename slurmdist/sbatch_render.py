@@ -15,6 +15,7 @@ import argparse
 import os
 import re
 import shlex
+import subprocess
 import sys
 from dataclasses import dataclass, replace
 from typing import Any, List, Optional, Sequence, Tuple
@@ -445,6 +446,9 @@ def spec_from_args(args: argparse.Namespace) -> JobSpec:
 def _sbatch(args: argparse.Namespace) -> int:
     spec = spec_from_args(args)
     script = render(spec)
+    problem = setup_syntax_problem(spec.setup)
+    if problem is not None:
+        raise SbatchError(problem)
     unasked = devices_not_asked_for(spec)
     if unasked is not None:
         print(f"slurmdist sbatch: warning: {unasked}", file=sys.stderr)
@@ -480,6 +484,34 @@ def devices_not_asked_for(spec: JobSpec) -> Optional[str]:
             f"the partition gives them anyway, and slurmdist.init() then trains on the CPU (gloo). Give -G N ({unit}s "
             f"per node; or {_ASK_ON_SBATCH_LINE[spec.device]} on the sbatch command line), or --device cpu for a CPU "
             "job")
+
+
+SETUP_CHECK_TIMEOUT = 10.0  # seconds for `bash -n` over the --setup lines
+
+
+def setup_syntax_problem(setup: Sequence[str], option: str = "--setup") -> Optional[str]:
+    """What `bash -n` says of the setup lines as the job runs them (one block), or None when they parse, or
+    when bash is not here to ask. A line with an open quote or an `if` without `fi` would otherwise be found
+    only when the job starts (after its wait in the queue), reported at a line of the script it broke."""
+    from . import commands
+
+    if not setup:
+        return None
+    block = "{\n" + "\n".join(setup) + "\n}\n"
+    try:
+        checked = commands.run(["bash", "-n", "-c", block], timeout=SETUP_CHECK_TIMEOUT)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if checked.returncode == 0:
+        return None
+    said = checked.stderr.strip().splitlines()[0] if checked.stderr.strip() else f"status {checked.returncode}"
+    found = re.match(r"bash: -c: line (\d+): (.*)", said)
+    if found is None:
+        return f"the {option} lines are not valid shell (bash -n: {said})"
+    number, what = int(found[1]) - 1, found[2]  # line 1 of the block is its opening brace
+    near = f" at {option} {setup[number - 1]!r}" if 1 <= number <= len(setup) else ""
+    return (f"the {option} lines are not valid shell{near}: {what}. Check the quotes, and that every if, for, "
+            "while and { they open is closed in them too")
 
 
 def missing_log_folder(output: str) -> Optional[str]:

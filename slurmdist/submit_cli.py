@@ -128,6 +128,7 @@ def command_of(args: argparse.Namespace) -> List[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from .sbatch_render import setup_syntax_problem
     from .submit import Submitter, log_paths, stop_command
 
     command = command_of(args)
@@ -138,6 +139,9 @@ def run(args: argparse.Namespace) -> int:
     timeout = WAIT_TIMEOUT_DEFAULT if args.timeout is None else args.timeout
     if args.wait:
         positive_seconds("--timeout", timeout, SlurmdistError)
+    problem = setup_syntax_problem(args.setup)
+    if problem is not None:
+        raise SlurmdistError(problem)
     try:
         submitter = Submitter(**submitter_options(args))
     except SlurmdistError as error:

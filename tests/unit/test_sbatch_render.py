@@ -124,6 +124,30 @@ def test_a_setup_value_must_be_one_shell_line(line):
         render(JobSpec(command=("python", "train.py"), setup=(line,)))
 
 
+@pytest.mark.parametrize("command", ["sbatch", "submit"])
+@pytest.mark.parametrize("setup, message", [
+    (["echo \"unterminated"], r"not valid shell at --setup 'echo \"unterminated': unexpected EOF"),
+    (["module load x", "}"], r"not valid shell: syntax error near unexpected token"),
+    (["if [[ -n ${X:-} ]]; then", "module load x"], r"not valid shell: syntax error"),
+])
+def test_setup_lines_that_are_not_shell_are_refused_before_the_job_exists(capsys, command, setup, message):
+    # Rendered, such a script exited 0 and `bash -n` then blamed a line of the script the setup broke; submitted,
+    # the job failed only after its wait in the queue.
+    args = [word for line in setup for word in ("--setup", line)]
+    assert cli.main([command, *args, "--device" if command == "sbatch" else "--cluster",
+                     "cpu" if command == "sbatch" else "local", "--", "python", "train.py"]) == 2
+    said = capsys.readouterr()
+    assert re.search(message, said.err), said.err
+    assert said.out == ""
+
+
+def test_setup_lines_that_parse_together_pass(capsys):
+    lines = ["if [[ -n ${SLURM_JOB_ID:-} ]]; then", "module load cuda", "fi", "source ~/venv/bin/activate"]
+    assert cli.main(["sbatch", "--device", "cpu", *[w for line in lines for w in ("--setup", line)], "--",
+                     "python", "train.py"]) == 0
+    assert "    module load cuda\n" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("script", ["rendered", "shipped"])
 def test_torchrun_scripts_fall_back_to_the_head_nodes_name_when_scontrol_cannot_say(tmp_path, script):
     # A busy slurmctld (`show node` timing out) must not end the job under `set -e` before the fallback.
