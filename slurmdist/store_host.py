@@ -104,33 +104,46 @@ def _spawn_detached(argv: List[str], fds: List[int]) -> None:
 
 
 def serve(fd: int, port: int, world_size: int, watched: str, poll: float = PID_POLL,
-          serve_within: float = DEFAULT_TIMEOUT) -> int:
+          serve_within: float = DEFAULT_TIMEOUT, import_within: Optional[float] = None) -> int:
     """In the store host: serve a TCPStore on the inherited listening socket until the watched command has
     exited. The watch starts before torch is imported: a command that ends at once (not found, a crash)
-    must not leave the port held for the seconds that import takes. A host still not serving after
-    `serve_within` seconds (an import stuck on a stalled file system, a swapping node) closes the port and
-    exits: the ranks' connections wait in its backlog, and torch's client would wait there without bound."""
+    must not leave the port held for the seconds that import takes.
+
+    Two bounds, each closing the port and exiting when it runs out (the ranks' connections wait in its backlog,
+    and torch's client would wait there without bound): `import_within` for importing torch (default: the
+    larger of `serve_within` and DEFAULT_TIMEOUT; an import stuck on a stalled file system), then
+    `serve_within` for starting the store. The rendezvous timeout does not count the import, as `init()`'s
+    does not: a 3 s timeout on a busy node, where the import alone took longer, closed the port of a healthy
+    job, and its ranks then sat in torch's client for its 30 minutes."""
     for name in LEFT_TO_THE_COMMAND:
         signal.signal(getattr(signal, name), signal.SIG_IGN)
     threading.Thread(target=_exit_after, args=(watched, poll), name="slurmdist-watch", daemon=True).start()
-    give_up = threading.Timer(serve_within, _give_up, args=(fd, port, serve_within))
-    give_up.daemon = True
-    give_up.start()
+    importing = _bound(fd, port, max(serve_within, DEFAULT_TIMEOUT) if import_within is None else import_within,
+                       "was still importing torch")
     import torch.distributed as dist
 
+    importing.cancel()
+    starting = _bound(fd, port, serve_within, "imported torch but could not start the store")
     store = store_server.serve(dist, fd, port, world_size)  # served by torch's threads while this one waits
-    give_up.cancel()
+    starting.cancel()
     wait_for_exit(watched, poll)
     del store
     return 0
 
 
-def _give_up(fd: int, port: int, seconds: float) -> None:
-    print(f"slurmdist run: the rendezvous store on port {port} was still not served after {seconds:.0f} s (importing "
-          "torch or starting the store hung: a stalled file system, a swapping node); closing the port. The ranks' "
-          "own start fails when its timeout runs out (slurmdist.init()'s; torch's init_process_group waits 30 min "
-          "unless given a timeout). Raise `slurmdist run --timeout` (or SLURMDIST_INIT_TIMEOUT) if the node is only "
-          "slow, or use --no-store",
+def _bound(fd: int, port: int, seconds: float, doing: str) -> threading.Timer:
+    """A started timer that gives the port up after `seconds`, saying what the host `doing` was then."""
+    timer = threading.Timer(seconds, _give_up, args=(fd, port, seconds, doing))
+    timer.daemon = True
+    timer.start()
+    return timer
+
+
+def _give_up(fd: int, port: int, seconds: float, doing: str) -> None:
+    print(f"slurmdist run: the store host for port {port} {doing} after {seconds:.0f} s (a stalled file system, a "
+          "swapping node); closing the port, so the ranks' own start fails when its timeout runs out "
+          "(slurmdist.init()'s; torch's init_process_group waits 30 min unless given a timeout). Raise `slurmdist "
+          "run --timeout` (or SLURMDIST_INIT_TIMEOUT) if the node is only slow, or use --no-store",
           file=sys.stderr, flush=True)
     os.close(fd)
     os._exit(1)
@@ -160,9 +173,13 @@ def wait_for_exit(watched: str, poll: float = PID_POLL) -> None:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    fd, port, world_size, watched, *bound = sys.argv[1:] if argv is None else argv
+    fd, port, world_size, watched, *bounds = sys.argv[1:] if argv is None else argv
+    seconds = [float(bound) for bound in bounds]  # serve_within, then import_within (tests), each optional
+    serve_within = seconds[0] if seconds else DEFAULT_TIMEOUT
+    import_within = seconds[1] if len(seconds) > 1 else None
     try:
-        return serve(int(fd), int(port), int(world_size), watched, serve_within=float(bound[0]) if bound else DEFAULT_TIMEOUT)
+        return serve(int(fd), int(port), int(world_size), watched, serve_within=serve_within,
+                     import_within=import_within)
     except Exception as exc:  # the command's ranks then fail at their own timeout; say why here first
         print(f"slurmdist run: the rendezvous store on port {port} could not be served: {exc}", file=sys.stderr)
         return 1

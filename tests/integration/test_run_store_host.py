@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import time
+from typing import Tuple
 
 import pytest
 
@@ -209,18 +210,47 @@ def test_the_command_gets_sigpipe_and_sigxfsz_back():
     assert not ignored & (1 << (13 - 1)) and not ignored & (1 << (25 - 1))  # SIGPIPE 13, SIGXFSZ 25
 
 
-def test_a_store_host_that_cannot_serve_in_time_closes_the_port_and_says_so():
-    # Connections wait in the listener's backlog until the host serves, and torch's client waits there without
-    # bound: a host stuck before serving (importing torch on a stalled file system) must give the port up.
+def store_host(*bounds: str) -> Tuple[subprocess.Popen, int]:
+    """The store host for a command that is this test process, with its bounds as argv, and its port. The
+    listener is the host's alone: a copy left open here would take connections the host gave up on, where
+    torch's client waits without bound."""
     with socket.create_server(("127.0.0.1", 0)) as listener:
         port = listener.getsockname()[1]
         os.set_inheritable(listener.fileno(), True)
-        result = subprocess.run(
+        host = subprocess.Popen(
             [sys.executable, "-m", "slurmdist.store_host", str(listener.fileno()), str(port), "2",
-             f"pid:{os.getpid()}", "0.01"],  # far less than importing torch takes
-            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60, close_fds=False)
-    assert result.returncode == 1
-    assert f"rendezvous store on port {port} was still not served after 0 s" in result.stderr, result.stderr
+             f"pid:{os.getpid()}", *bounds], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True, close_fds=False)
+    return host, port
+
+
+def test_a_store_host_stuck_importing_torch_closes_the_port_and_says_so():
+    # Connections wait in the listener's backlog until the host serves, and torch's client waits there without
+    # bound: a host stuck before serving (importing torch on a stalled file system) must give the port up.
+    host, port = store_host("60", "0.01")  # an import bound far less than importing torch takes
+    try:
+        _, err = host.communicate(timeout=60)
+    finally:
+        host.kill()
+    assert host.returncode == 1
+    assert f"store host for port {port} was still importing torch after 0 s" in err, err
+
+
+def test_the_rendezvous_timeout_does_not_count_the_store_hosts_torch_import():
+    # SLURMDIST_INIT_TIMEOUT=3 on a busy node: the import alone took longer, the host closed the port of a
+    # healthy job, and its ranks sat in torch's client for 30 minutes. init() does not count imports either.
+    import torch.distributed as dist
+    from datetime import timedelta
+
+    host, port = store_host("0.01")  # a rendezvous bound far less than importing torch takes
+    try:
+        store = dist.TCPStore("127.0.0.1", port, None, False, timedelta(seconds=30))
+        store.set("key", "served")
+        assert store.get("key") == b"served"
+        assert host.poll() is None
+    finally:
+        host.kill()
+        host.communicate(timeout=30)
 
 
 def test_the_store_host_reports_why_it_cannot_serve():
