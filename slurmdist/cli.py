@@ -241,6 +241,7 @@ def _run(args: argparse.Namespace) -> int:
     from .bounds import Deadline, init_timeout, timeout_knob
     from .detection import detect
     from .rendezvous import AGENT_STORE_VARIABLE, RESTART_COUNT_VARIABLE, resolve_master, wait_listening
+    from .task_command import not_started_text
 
     command = command_words(args.command, "slurmdist run", "slurmdist run -- python train.py ARGS...")
     if args.timeout is not None:
@@ -254,6 +255,10 @@ def _run(args: argparse.Namespace) -> int:
     deadline = Deadline(init_timeout(args.timeout, os.environ), timeout_knob(args.timeout, "--timeout"))
     env = resolve_master(detect(), deadline=deadline)
     child_env.update(command_variables(env))
+    unstartable = _unstartable(command[0], child_env.get("PATH", os.defpath))
+    if unstartable is not None:  # before rank 0 listens: the others then stop at "nothing listens", not in torch
+        print(f"slurmdist: error: {unstartable[0]}", file=sys.stderr)
+        return unstartable[1]
     if args.store and store_host.wanted(env, os.environ):
         master_addr, master_port = env.master_endpoint()
         if env.rank == 0:
@@ -275,16 +280,30 @@ def _run(args: argparse.Namespace) -> int:
     try:
         # exec, not a child process: Slurm's signals (preemption, time limit) reach the command directly.
         os.execvpe(command[0], command, child_env)
-    except FileNotFoundError:
-        print(f"slurmdist: error: command not found: {command[0]!r}", file=sys.stderr)
-        return 127
-    except PermissionError:
-        print(f"slurmdist: error: command is not executable: {command[0]!r}", file=sys.stderr)
-        return 126
-    except OSError as exc:  # ENOEXEC (a script without #!), E2BIG, ...
-        print(f"slurmdist: error: cannot run {command[0]!r}: {exc.strerror or exc}", file=sys.stderr)
-        return 126
+    except OSError as exc:  # ENOEXEC (a script without #!), E2BIG, or what changed since the check above
+        print(f"slurmdist: error: {not_started_text(command[0], exc, None)}", file=sys.stderr)
+        return 127 if isinstance(exc, FileNotFoundError) else 126
     return 0  # pragma: no cover - execvpe does not return
+
+
+def _unstartable(program: str, search_path: str) -> Optional[Tuple[str, int]]:
+    """Why exec would fail to start `program` (looked up on `search_path`, as exec does), and a shell's status
+    for it (127 not found, 126 not executable); None when it would start. Checked before rank 0 serves the
+    store: a rank 0 whose command is missing would leave the other ranks' commands joining a store that no
+    rank 0 will ever use, waiting for torch's 30-minute timeout."""
+    import shutil
+
+    from .task_command import not_started_text
+
+    if os.sep not in program:
+        if shutil.which(program, path=search_path) is not None:
+            return None
+        return not_started_text(program, FileNotFoundError(errno.ENOENT, "not found", program), None), 127
+    if not os.path.exists(program):
+        return not_started_text(program, FileNotFoundError(errno.ENOENT, "not found", program), None), 127
+    if os.path.isdir(program) or not os.access(program, os.X_OK):
+        return not_started_text(program, PermissionError(errno.EACCES, "not executable", program), None), 126
+    return None
 
 
 def _host_limit(text: str) -> int:

@@ -183,6 +183,8 @@ def not_started_text(program: str, exc: OSError, cwd: Optional[str]) -> str:
     where = f" (on {os.uname().nodename}, in {cwd or os.getcwd()})"
     if exc.errno == errno.ENOENT and exc.filename == cwd:
         return f"cannot run {program!r}: its working directory {cwd!r} does not exist{where}"
+    if exc.errno == errno.ENOENT and os.sep in program:
+        return f"command not found: {program!r}: no such file{where}"
     if exc.errno == errno.ENOENT:
         return f"command not found: {program!r}: not on the task's PATH, or not a file there{where}"
     if exc.errno == errno.EACCES:

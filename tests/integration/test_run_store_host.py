@@ -174,6 +174,19 @@ if b"slurmdist.store_host" in open("/proc/self/cmdline", "rb").read():
 """
 
 
+def test_a_missing_command_on_rank_0_fails_before_it_serves_a_store():
+    # Started after rank 0 listened, the other ranks' commands joined a store no rank 0 would use, and waited
+    # for torch's 30 minutes. The command is looked up first: here rank 0 names it, not the port held below.
+    with socket.create_server(("127.0.0.1", 0)) as holder:
+        port = holder.getsockname()[1]
+        result = slurmdist_run(rank_environ(0, 2, port), "no-such-command-here", options=("--timeout", "5"))
+        missing_path = slurmdist_run(rank_environ(0, 2, port), "/no/such/train.sh", options=("--timeout", "5"))
+    assert result.returncode == 127, result.stderr
+    assert "command not found: 'no-such-command-here': not on the task's PATH" in result.stderr
+    assert "cannot listen" not in result.stderr
+    assert missing_path.returncode == 127 and "'/no/such/train.sh': no such file (on " in missing_path.stderr
+
+
 def test_a_command_that_ends_at_once_frees_the_port_without_waiting_for_torch(tmp_path):
     # `slurmdist run -- true` on rank 0: the store host is still importing torch when the command is gone.
     (tmp_path / "sitecustomize.py").write_text(SLOW_TORCH_IMPORT)
