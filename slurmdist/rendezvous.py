@@ -95,7 +95,8 @@ def resolve_master(
 
 
 def wait_listening(
-    host: str, port: int, deadline: Deadline, world_size: int, candidates: Sequence[str] = ()
+    host: str, port: int, deadline: Deadline, world_size: int, candidates: Sequence[str] = (), *,
+    rank: Optional[int] = None,
 ) -> str:
     """Poll until something listens on host:port, sleeping a few milliseconds between attempts; returns the
     address that answered (a name may have several). A name is looked up once (or not at all, when the
@@ -122,8 +123,9 @@ def wait_listening(
             except OSError as exc:
                 last = str(exc)
         if deadline.expired():
+            who = "" if rank is None else f"rank {rank}: "  # several ranks share one log without srun --label
             raise RendezvousError(
-                f"nothing listens at the rendezvous store {hostport(host, port)} after {deadline.seconds:.0f} s "
+                f"{who}nothing listens at the rendezvous store {hostport(host, port)} after {deadline.seconds:.0f} s "
                 f"(world size {world_size}, last error: {last}): rank 0 has not started, crashed before "
                 f"it listened (in slurmdist.init() or slurmdist run), already gave up on ranks that came as late "
                 f"as this one (start every rank together, or raise {deadline.knob}), or "
@@ -168,7 +170,7 @@ def open_store(
             raise RendezvousError(f"rank 0 cannot host the rendezvous store at {where}: {exc}") from None
     # Polled even under an agent: slurmdist run's store host listens from rank 0's task, which srun starts
     # beside the others, not before them.
-    peer = wait_listening(host, port, deadline, world_size, candidates)
+    peer = wait_listening(host, port, deadline, world_size, candidates, rank=rank)
     deadline.endpoints.add((peer, port))
     return _join_store(_dialable(peer, host), port, where, rank, world_size, deadline, agent_serves), peer
 

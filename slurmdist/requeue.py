@@ -320,8 +320,9 @@ class Preemption:
         if self.received_at is None:
             self.received_at = time.monotonic()
         self.ending = True
-        log.warning("slurmdist: rank %d got SIGTERM (preemption, scancel or the time limit): checkpoint at the "
-                    "next step boundary; Slurm is ending the job", self.rank)
+        log.warning("slurmdist: rank %d got SIGTERM (preemption, scancel, the time limit, or srun ending the step "
+                    "because another task failed: see its error above): checkpoint at the next step boundary; Slurm "
+                    "is ending the job", self.rank)
 
     def requeue(self, environ: Optional[Mapping[str, str]] = None) -> None:
         """After rank 0 saved its checkpoint: requeue the job and end this process.

@@ -237,7 +237,7 @@ def check_outside_step(environ: Mapping[str, str]) -> Optional[str]:
             "but the batch script runs only once, on the first node: the other tasks were never started and "
             "the job would hang or waste their GPUs. Start the tasks with srun in the job script, e.g. "
             "`srun python train.py ...` (or `srun slurmdist run -- python train.py ...`). "
-            "To run one process on purpose, submit with --ntasks=1; for a helper run once in the job script "
+            "To run one process on purpose, submit with --nodes=1 --ntasks=1; for a helper run once in the job script "
             "beside the srun steps (data preparation, evaluation), set SLURMDIST_LAUNCHER=single for it.",
             source.split("=")[0],
             str(tasks),

@@ -113,7 +113,7 @@ def test_other_ranks_give_up_when_rank_0_never_listens():
     result = slurmdist_run(rank_environ(1, 2, port, SLURMDIST_INIT_TIMEOUT="3"), PYTHON, "-c", "print('must not run')")
     waited = time.monotonic() - started
     assert result.returncode == 2, result.stderr
-    assert f"nothing listens at the rendezvous store 127.0.0.1:{port} after 3 s" in result.stderr
+    assert f"rank 1: nothing listens at the rendezvous store 127.0.0.1:{port} after 3 s" in result.stderr
     assert "Traceback" not in result.stderr and "must not run" not in result.stdout
     assert "raise SLURMDIST_INIT_TIMEOUT" in result.stderr
     assert 3 <= waited < 30  # it waited for the bound, and not for torch's 30 minutes

@@ -677,7 +677,7 @@ def test_a_master_with_ipv6_addresses_only_is_told_how_to_reach_rank_0_over_ipv6
 def test_rank_0_never_started():
     outcome, port = meet(2, [1], timeout=0.5)
     assert isinstance(outcome[1], RendezvousError)
-    assert f"nothing listens at the rendezvous store 127.0.0.1:{port}" in str(outcome[1])
+    assert f"rank 1: nothing listens at the rendezvous store 127.0.0.1:{port}" in str(outcome[1])  # in a shared log
     assert "raise SLURMDIST_INIT_TIMEOUT" in str(outcome[1])  # what set the bound here
 
 

@@ -202,13 +202,15 @@ def test_the_signal_sets_the_flag_and_makes_sigterm_fatal_again(preemption):
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
 
 
-def test_sigterm_before_any_warning_asks_for_a_checkpoint_and_no_requeue():
+def test_sigterm_before_any_warning_asks_for_a_checkpoint_and_no_requeue(caplog):
     # A preemption (without preempt_send_user_signal), scancel, or a time limit no warning preceded.
     previous = signal.getsignal(signal.SIGTERM)
     ending = Preemption(signal.SIGUSR2, limit=1, rank=3).install()
     try:
         os.kill(os.getpid(), signal.SIGTERM)
         assert ending.requested and ending.ending
+        # srun --kill-on-bad-exit sends it too, when another task failed: the warning must not blame Slurm alone.
+        assert "rank 3 got SIGTERM" in caplog.text and "because another task failed" in caplog.text
         # Other ranks go on until Slurm ends them: this one may have got its SIGTERM before rank 0 saved.
         ending.requeue(environ={"SLURM_JOB_ID": "1"})
     finally:
