@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import List, Optional
 
 
@@ -25,3 +26,14 @@ def stat_fields(stat: str) -> List[str]:
 def process_stat(pid: object) -> List[str]:
     """`stat_fields` of process `pid` (a number, or its digits as text); empty when it is gone."""
     return stat_fields(read(f"/proc/{str(pid).strip()}/stat") or "")
+
+
+def process_age() -> Optional[float]:
+    """Seconds since this process started (its stat start time against the system's uptime); None without
+    /proc."""
+    fields = process_stat("self")
+    uptime = (read("/proc/uptime") or "").split()
+    try:
+        return float(uptime[0]) - int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    except (IndexError, ValueError, OSError):
+        return None

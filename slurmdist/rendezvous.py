@@ -601,6 +601,8 @@ class Rendezvous:
         if missing[0] == 0 and self.foreign_store_possible:  # the others met at this port anyway: whose is it?
             text += (" (if rank 0 said it cannot listen on this port, the store the others joined there is another "
                      "program's, a leftover run's: set MASTER_PORT to a free port)")
+        if self.env.rank == 0 and arrived == 1:
+            text += _late_rank_0(self.deadline)
         return text
 
     def _gone_here(self) -> str:
@@ -675,6 +677,21 @@ def _mesh_straggler(cause: BaseException) -> str:
         return ""
     return (f" (rank {found.group(1)} checked in but never joined the gloo mesh: it exited or hung after "
             "checking in; see its log)")
+
+
+def _late_rank_0(deadline: Deadline) -> str:
+    """For a rank 0 that no other rank reached: a clause when it entered the rendezvous later after its start
+    than the others wait (a dataset loaded before init()), so they may have come and given up before its store
+    listened; else ''."""
+    from .procfs import process_age
+
+    age = process_age()
+    entered = None if age is None else age - deadline.elapsed()
+    if entered is None or entered <= deadline.seconds:
+        return ""
+    return (f" (this rank entered the rendezvous {entered:.0f} s after its process started, later than the "
+            f"{deadline.seconds:.0f} s the other ranks wait for it: they may have come and given up before its store "
+            f"listened. Do slow set-up after init(), or raise {deadline.knob})")
 
 
 def _ended_here(holder: str) -> bool:
