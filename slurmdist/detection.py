@@ -29,6 +29,7 @@ Reader = Callable[[Mapping[str, str]], Optional[DistEnv]]
 # Readers by launcher name, for SLURMDIST_LAUNCHER=NAME (forces one when the variables are ambiguous).
 READERS: Dict[str, Reader] = {
     "torchrun": torchrun.read,
+    "deepspeed": torchrun.read,
     "submitit-local": submitit_local.read,
     "slurm": slurm.read_step,
     **{spec.launcher: functools.partial(mpi.read, spec) for spec in mpi.SPECS},

@@ -6,7 +6,7 @@ from typing import Mapping, Optional
 
 from ..distenv import DistEnv
 from ..envvars import (
-    check_index, check_within, explicit_master, first_count, read_count, require_count, scheduler_job_id,
+    check_index, check_within, explicit_master, read_count, require_count, scheduler_job_id,
 )
 from ..errors import LaunchError, quoted
 
@@ -15,6 +15,9 @@ _CORE = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
 # rest: LOCAL_SIZE for LOCAL_WORLD_SIZE, CROSS_RANK / CROSS_SIZE for GROUP_RANK / GROUP_WORLD_SIZE. torchrun's
 # names win where both are set.
 DEEPSPEED_LOCAL_SIZE = "LOCAL_SIZE"
+# (local world size, node rank, node count) in each spelling.
+TORCHRUN_NAMES = ("LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE")
+DEEPSPEED_NAMES = (DEEPSPEED_LOCAL_SIZE, "CROSS_RANK", "CROSS_SIZE")
 
 
 def present(environ: Mapping[str, str]) -> bool:
@@ -49,8 +52,13 @@ def read(environ: Mapping[str, str]) -> Optional[DistEnv]:
     world_size = require_count(environ, "WORLD_SIZE", "torchrun", minimum=1)
     rank = require_count(environ, "RANK", "torchrun")
     local_rank = require_count(environ, "LOCAL_RANK", "torchrun")
-    local_world = first_count(environ, ("LOCAL_WORLD_SIZE", DEEPSPEED_LOCAL_SIZE), minimum=1)
-    if local_world is None:
+    # DeepSpeed's names as a whole set, only where torchrun's are absent and the world is several processes: a
+    # helper a DeepSpeed worker starts with WORLD_SIZE=1 inherits them and is still one process alone.
+    deepspeed = "LOCAL_WORLD_SIZE" not in environ and DEEPSPEED_LOCAL_SIZE in environ and world_size > 1
+    launcher = "deepspeed" if deepspeed else "torchrun"
+    local_size_name, node_name, nodes_name = DEEPSPEED_NAMES if deepspeed else TORCHRUN_NAMES
+    local_world_size = read_count(environ, local_size_name, minimum=1)
+    if local_world_size is None:
         if world_size != 1:
             raise LaunchError(
                 f"RANK/WORLD_SIZE/LOCAL_RANK are set (WORLD_SIZE={world_size}) but LOCAL_WORLD_SIZE is not, so "
@@ -59,12 +67,9 @@ def read(environ: Mapping[str, str]) -> Optional[DistEnv]:
                 "read the launcher's own variables.",
                 "LOCAL_WORLD_SIZE",
             )
-        local_world = ("LOCAL_WORLD_SIZE", 1)
-    local_size_name, local_world_size = local_world
-    launcher = "deepspeed" if local_size_name == DEEPSPEED_LOCAL_SIZE else "torchrun"
-    node_name, node_rank = first_count(environ, ("GROUP_RANK", "CROSS_RANK")) or ("GROUP_RANK", None)
-    nodes_name, num_nodes = first_count(environ, ("GROUP_WORLD_SIZE", "CROSS_SIZE"), minimum=1) or (
-        "GROUP_WORLD_SIZE", None)
+        local_world_size = 1
+    node_rank = read_count(environ, node_name)
+    num_nodes = read_count(environ, nodes_name, minimum=1)
     if node_rank is None and num_nodes is None and local_world_size == world_size:
         node_rank, num_nodes = 0, 1  # every process is on this node (set by hand, or one process alone)
     # Named checks before DistEnv's own: the message then names the variables that disagree.

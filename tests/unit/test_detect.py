@@ -497,6 +497,20 @@ def test_deepspeed_launcher_workers_are_read_from_its_own_names():
         assert (env.node_rank, env.num_nodes, env.master_addr, env.master_port) == (rank // 4, 2, "node1", 29500)
 
 
+def test_a_helper_a_deepspeed_worker_starts_alone_is_still_one_process():
+    # It inherits LOCAL_SIZE and CROSS_* and sets its own RANK/WORLD_SIZE/LOCAL_RANK (and maybe
+    # LOCAL_WORLD_SIZE): DeepSpeed's names are read only as a set, for a world of several processes.
+    alone = {**deepspeed_worker(5, 1, 1), "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}
+    for helper in (alone, {**alone, "LOCAL_WORLD_SIZE": "1"}):
+        env = detect(helper)
+        assert (env.launcher, env.rank, env.world_size, env.node_rank, env.num_nodes) == ("torchrun", 0, 1, 0, 1)
+    # Nor is a stray CROSS_* read beside torchrun's LOCAL_WORLD_SIZE.
+    by_hand = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "CROSS_RANK": "1",
+               "CROSS_SIZE": "2"}
+    assert (detect(by_hand).node_rank, detect(by_hand).num_nodes) == (0, 1)
+    assert detect({**deepspeed_worker(5, 1, 1), "SLURMDIST_LAUNCHER": "deepspeed"}).launcher == "deepspeed"
+
+
 def test_torchrun_names_win_over_deepspeed_ones_and_a_contradiction_names_the_variable():
     both = {**deepspeed_worker(5, 1, 1), "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "2", "GROUP_WORLD_SIZE": "4"}
     env = detect(both)
