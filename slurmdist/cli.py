@@ -287,23 +287,45 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _unstartable(program: str, search_path: str) -> Optional[Tuple[str, int]]:
-    """Why exec would fail to start `program` (looked up on `search_path`, as exec does), and a shell's status
-    for it (127 not found, 126 not executable); None when it would start. Checked before rank 0 serves the
-    store: a rank 0 whose command is missing would leave the other ranks' commands joining a store that no
-    rank 0 will ever use, waiting for torch's 30-minute timeout."""
-    import shutil
-
+    """Why exec would fail to start `program` (looked up on `search_path` as execvp does: an empty entry is the
+    current directory, and a match that is not executable is remembered while the search goes on), with a
+    shell's status for it (127 not found, 126 not executable); None when it would start, as far as can be told
+    without starting it. Checked before rank 0 serves the store: a rank 0 whose command is missing would leave
+    the other ranks' commands joining a store that no rank 0 will ever use, waiting for torch's 30 minutes."""
     from .task_command import not_started_text
 
-    if os.sep not in program:
-        if shutil.which(program, path=search_path) is not None:
-            return None
-        return not_started_text(program, FileNotFoundError(errno.ENOENT, "not found", program), None), 127
-    if not os.path.exists(program):
-        return not_started_text(program, FileNotFoundError(errno.ENOENT, "not found", program), None), 127
-    if os.path.isdir(program) or not os.access(program, os.X_OK):
-        return not_started_text(program, PermissionError(errno.EACCES, "not executable", program), None), 126
-    return None
+    if os.sep in program:
+        candidates = [program]
+    else:
+        candidates = [os.path.join(folder or os.curdir, program) for folder in search_path.split(os.pathsep)]
+    denied = None
+    for candidate in candidates:
+        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return _interpreter_missing(program, candidate)
+        if os.path.exists(candidate):  # a directory, or a file without execute permission: exec says EACCES
+            denied = denied or candidate
+    if denied is not None:
+        return not_started_text(program, PermissionError(errno.EACCES, "not executable", denied), None), 126
+    return not_started_text(program, FileNotFoundError(errno.ENOENT, "not found", program), None), 127
+
+
+def _interpreter_missing(program: str, path: str) -> Optional[Tuple[str, int]]:
+    """For a script whose #! line names an interpreter that does not exist (a console script of a deleted
+    environment), what exec would fail with (ENOENT, 127); None otherwise."""
+    try:
+        with open(path, "rb") as script:
+            first = script.readline(256)
+    except OSError:
+        return None
+    if not first.startswith(b"#!"):
+        return None
+    words = first[2:].split()
+    interpreter = os.fsdecode(words[0]) if words else ""
+    if not interpreter or (os.path.isfile(interpreter) and os.access(interpreter, os.X_OK)):
+        return None
+    return (f"cannot run {program!r}: its #! line names the interpreter {interpreter!r}, which "
+            f"{'is not executable' if os.path.exists(interpreter) else 'does not exist'} (on {os.uname().nodename}): "
+            "reinstall the command in this environment, or run it with its interpreter", 127)
 
 
 def _host_limit(text: str) -> int:

@@ -160,6 +160,32 @@ def test_run_reports_a_missing_command():
     assert result.returncode == 127 and "no-such-command-xyz" in result.stderr
 
 
+def test_run_looks_up_the_command_as_exec_would_before_anything_starts(tmp_path):
+    # Checked before rank 0 serves the store, so it must agree with exec: a #! interpreter that is gone (a
+    # console script of a deleted venv), a directory or non-executable file of that name on PATH (exec: EACCES,
+    # a shell's 126), and an empty PATH entry, which is the current directory.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    stale = bin_dir / "train"
+    stale.write_text("#!/no/such/venv/bin/python\n")
+    stale.chmod(0o755)
+    (bin_dir / "prep").mkdir()
+    (tmp_path / "here.sh").write_text("#!/bin/sh\necho ran here\n")
+    (tmp_path / "here.sh").chmod(0o755)
+    path = f"{bin_dir}{os.pathsep}/usr/bin{os.pathsep}/bin"
+
+    def run(command: str, search: str = path) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "slurmdist", "run", "--", command], cwd=tmp_path, timeout=60,
+                              env=clean_environ(PATH=search), capture_output=True, text=True)
+
+    gone = run("train")
+    assert gone.returncode == 127 and "its #! line names the interpreter '/no/such/venv/bin/python', which does " \
+        "not exist" in gone.stderr, gone.stderr
+    assert run("prep").returncode == 126 and "command is not executable: 'prep'" in run("prep").stderr
+    found_here = run("here.sh", f"{bin_dir}{os.pathsep}{os.pathsep}/usr/bin{os.pathsep}/bin")
+    assert (found_here.returncode, found_here.stdout) == (0, "ran here\n"), found_here.stderr
+
+
 def test_run_reports_a_command_the_kernel_cannot_execute(tmp_path):
     script = tmp_path / "train.sh"
     script.write_text("echo no interpreter line\n")
