@@ -282,6 +282,8 @@ def render(spec: JobSpec) -> str:
     """The job script for `spec`, validated here."""
     spec = validate(spec)
     lines = ["#!/bin/bash", "# Rendered by `slurmdist sbatch`. Submit with: sbatch THIS_FILE", "#"]
+    if spec.setup:  # before the first command, where a directive covers the whole file
+        lines += ["# shellcheck disable=SC1090,SC1091  # the site's files --setup lines may source", "#"]
     if spec.signal:
         name, delay = _warning_of(spec.signal)
         lines += [f"# --signal: every task gets {_signal_called(name)} {delay} s before the time limit. The command",
@@ -301,10 +303,11 @@ def render(spec: JobSpec) -> str:
         lines += ["# Asked for with --share-devices: more ranks per node than devices, on purpose.",
                   "export SLURMDIST_SHARE_DEVICES=1"]
     if spec.setup:
-        # Site scripts (module, conda's and venv's activate) often read unset variables: not under set -u.
+        # Site scripts (module, conda's and venv's activate) often read unset variables: not under set -u. The
+        # lines stand as typed, one command each: indented, a heredoc's end marker would not end it, and grouped,
+        # bash would parse them all before a `shopt -s extglob` among them ran (shellcheck: see the header).
         lines += ["# --setup, here in the batch script; the tasks srun starts inherit what it sets up.", "set +u",
-                  "# shellcheck disable=SC1090,SC1091  # the site's files it may source", "{",
-                  *(f"    {line}" for line in spec.setup), "}", "set -u"]
+                  *spec.setup, "set -u"]
     lines += [
         'cd "${SLURM_SUBMIT_DIR:-.}"',
         'echo "job $SLURM_JOB_ID: $SLURM_NNODES node(s) ($SLURM_JOB_NODELIST), $SLURM_NTASKS task(s)"',
@@ -497,9 +500,11 @@ def setup_syntax_problem(setup: Sequence[str], option: str = "--setup") -> Optio
 
     if not setup:
         return None
-    block = "{\n" + "\n".join(setup) + "\n}\n"
+    # As the job runs them: one line after another (the rendered script, submitit's, the local wrapper). -n
+    # parses without running, so a `shopt -s extglob` among them is taken as given.
     try:
-        checked = commands.run(["bash", "-n", "-c", block], timeout=SETUP_CHECK_TIMEOUT)
+        checked = commands.run(["bash", "-O", "extglob", "-n", "-c", "\n".join(setup) + "\n"],
+                               timeout=SETUP_CHECK_TIMEOUT)
     except (OSError, subprocess.TimeoutExpired):
         return None
     if checked.returncode == 0:
@@ -508,10 +513,10 @@ def setup_syntax_problem(setup: Sequence[str], option: str = "--setup") -> Optio
     found = re.match(r"bash: -c: line (\d+): (.*)", said)
     if found is None:
         return f"the {option} lines are not valid shell (bash -n: {said})"
-    number, what = int(found[1]) - 1, found[2]  # line 1 of the block is its opening brace
+    number, what = int(found[1]), found[2]
     near = f" at {option} {setup[number - 1]!r}" if 1 <= number <= len(setup) else ""
     return (f"the {option} lines are not valid shell{near}: {what}. Check the quotes, and that every if, for, "
-            "while and { they open is closed in them too")
+            "while, { and heredoc they open is closed in them too")
 
 
 def missing_log_folder(output: str) -> Optional[str]:

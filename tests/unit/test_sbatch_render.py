@@ -19,7 +19,7 @@ from typing import List
 import pytest
 
 from slurmdist import cli
-from slurmdist.sbatch_render import JobSpec, SbatchError, render, validate
+from slurmdist.sbatch_render import JobSpec, SbatchError, render, setup_syntax_problem, validate
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -127,7 +127,7 @@ def test_a_setup_value_must_be_one_shell_line(line):
 @pytest.mark.parametrize("command", ["sbatch", "submit"])
 @pytest.mark.parametrize("setup, message", [
     (["echo \"unterminated"], r"not valid shell at --setup 'echo \"unterminated': unexpected EOF"),
-    (["module load x", "}"], r"not valid shell: syntax error near unexpected token"),
+    (["module load x", "}"], r"not valid shell at --setup '}': syntax error near unexpected token"),
     (["if [[ -n ${X:-} ]]; then", "module load x"], r"not valid shell: syntax error"),
 ])
 def test_setup_lines_that_are_not_shell_are_refused_before_the_job_exists(capsys, command, setup, message):
@@ -141,11 +141,24 @@ def test_setup_lines_that_are_not_shell_are_refused_before_the_job_exists(capsys
     assert said.out == ""
 
 
-def test_setup_lines_that_parse_together_pass(capsys):
-    lines = ["if [[ -n ${SLURM_JOB_ID:-} ]]; then", "module load cuda", "fi", "source ~/venv/bin/activate"]
+@pytest.mark.parametrize("lines", [
+    ["if [[ -n ${SLURM_JOB_ID:-} ]]; then", "module load cuda", "fi", "source ~/venv/bin/activate"],
+    ["# module load cuda (not on this cluster)"],  # a comment alone: in a { } group, bash refused it
+    ["shopt -s extglob", "rm -f @(a|b).tmp"],  # parsed after the shopt ran, as a script's lines are
+])
+def test_setup_lines_that_parse_together_pass(capsys, lines):
     assert cli.main(["sbatch", "--device", "cpu", *[w for line in lines for w in ("--setup", line)], "--",
                      "python", "train.py"]) == 0
-    assert "    module load cuda\n" in capsys.readouterr().out
+    assert f"\n{lines[-1]}\n" in capsys.readouterr().out  # as typed, not indented
+    assert setup_syntax_problem(lines) is None  # what slurmdist submit checks its --setup lines with
+
+
+def test_a_heredoc_in_setup_lines_ends_where_the_user_ended_it(tmp_path):
+    # Indented inside a { } group, its end marker was not at the start of a line: the rendered script did
+    # not parse, though each line had passed the check.
+    lines = ("cat > made.txt <<EOF", "written by setup", "EOF")
+    calls = run_script(render(JobSpec(command=("python", "t.py"), device="cpu", setup=lines)), tmp_path)
+    assert calls and (tmp_path / "made.txt").read_text() == "written by setup\n"
 
 
 @pytest.mark.parametrize("script", ["rendered", "shipped"])
