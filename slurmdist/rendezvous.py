@@ -45,6 +45,10 @@ RESTART_COUNT_VARIABLE = "TORCHELASTIC_RESTART_COUNT"
 # A name lookup, Slurm's NodeAddr (`scontrol`) or a hostfile read: each answers in milliseconds or hangs
 # (a dead DNS server, an unreachable slurmctld, a stalled mount); past this it fails naming what hung.
 LOOKUP_BOUND = 10.0
+# The monotonic time this process first entered the rendezvous (a retry keeps it), and what every rank spends
+# before its own wait begins (interpreter start, imports) that a rank 0 may spend too without being late.
+FIRST_ENTRY: List[float] = []
+START_ALLOWANCE = 10.0
 VERDICT_GRACE = 5.0  # how long a rank waits for another rank's timeout report before writing its own
 REPORT_SECONDS_PER_RANK = 0.002  # ... plus this per rank, which the report checks one by one on a busy store
 
@@ -680,14 +684,16 @@ def _mesh_straggler(cause: BaseException) -> str:
 
 
 def _late_rank_0(deadline: Deadline) -> str:
-    """For a rank 0 that no other rank reached: a clause when it entered the rendezvous later after its start
-    than the others wait (a dataset loaded before init()), so they may have come and given up before its store
-    listened; else ''."""
+    """For a rank 0 that no other rank reached: a clause when this process first entered the rendezvous later
+    after its start than the others wait, with START_ALLOWANCE to spare (a dataset loaded before init()), so
+    they may have come and given up before its store listened; else ''."""
     from .procfs import process_age
 
     age = process_age()
-    entered = None if age is None else age - deadline.elapsed()
-    if entered is None or entered <= deadline.seconds:
+    if age is None or not FIRST_ENTRY:
+        return ""
+    entered = age - (time.monotonic() - FIRST_ENTRY[0])
+    if entered <= deadline.seconds + START_ALLOWANCE:
         return ""
     return (f" (this rank entered the rendezvous {entered:.0f} s after its process started, later than the "
             f"{deadline.seconds:.0f} s the other ranks wait for it: they may have come and given up before its store "
@@ -739,6 +745,8 @@ def agent_serves_store(environ: Mapping[str, str]) -> bool:
 def connect(env: DistEnv, deadline: Deadline, environ: Mapping[str, str], generation: int = 0) -> Rendezvous:
     """Resolve the master, open the store and check in (without waiting for the others). `generation`
     counts the groups this process formed before (after `shutdown()`, `init()` meets under new keys)."""
+    if not FIRST_ENTRY:  # when this process first came: how late a rank 0 no other rank reached was (_late_rank_0)
+        FIRST_ENTRY.append(time.monotonic())
     agent_store = agent_serves_store(environ)
     env = _slurm_master(env, environ, deadline)
     base = run_prefix(env, environ, generation)
