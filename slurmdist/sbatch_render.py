@@ -18,7 +18,7 @@ import shlex
 import subprocess
 import sys
 from dataclasses import dataclass, replace
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Collection, List, Optional, Sequence, Tuple
 
 from .argv import command_words
 from .errors import SlurmdistError
@@ -164,6 +164,26 @@ def _check_mem(mem: Optional[str]) -> None:
                           "bare number as megabytes; 0 is all of the node's memory)")
 
 
+# sbatch options of their own that are also the start of another's name: not abbreviations of it.
+_OPTIONS_NOT_ABBREVIATIONS = frozenset({"gpus"})
+
+
+def managed_option(option: str, managed: Collection[str]) -> Optional[str]:
+    """Which of the `managed` options `option` (a long name, '-' spelled) stands for: itself, or the one it
+    abbreviates (sbatch takes any unambiguous start of a long option: `part=x` is --partition); None for
+    none."""
+    if option in managed:
+        return option
+    if option in _OPTIONS_NOT_ABBREVIATIONS:
+        return None
+    return next((name for name in sorted(managed) if name.startswith(option)), None)
+
+
+def asks_for_devices(extra: Sequence[Tuple[str, Optional[str]]]) -> bool:
+    """Whether --sbatch options ask Slurm for GPUs or other generic resources themselves (gres=gpu:a100:4)."""
+    return any(name.replace("_", "-").startswith(("gres", "gpus", "tres-per")) for name, _ in extra)
+
+
 def _check_extra(name: str, value: Optional[str]) -> None:
     """An --sbatch KEY[=VALUE] option: a long option name the script does not write itself, and a value that
     stays one #SBATCH word."""
@@ -171,9 +191,11 @@ def _check_extra(name: str, value: Optional[str]) -> None:
     if not OPTION_NAME.fullmatch(name) or len(name) == 1:
         raise SbatchError(f"--sbatch {typed!r}: give an sbatch option's long name (constraint for -C, qos for -q), "
                           "as KEY=VALUE or a flag alone, e.g. --sbatch constraint=a100 or --sbatch exclusive")
-    option = name.replace("_", "-")
-    if option in _RENDERED_OPTIONS:
-        raise SbatchError(f"--sbatch {typed!r}: the script writes --{option} itself; use {_RENDERED_OPTIONS[option]}")
+    option = managed_option(name.replace("_", "-"), _RENDERED_OPTIONS)
+    if option is not None:
+        read_as = "" if option == name.replace("_", "-") else f" (sbatch reads {name} as --{option})"
+        raise SbatchError(f"--sbatch {typed!r}: the script writes --{option} itself{read_as}; use "
+                          f"{_RENDERED_OPTIONS[option]}")
     if value is not None and not _EXTRA_VALUE.fullmatch(value):
         raise SbatchError(f"--sbatch {typed!r}: the value must be one word without spaces, quotes or '#' (an "
                           "#SBATCH line ends there)")
@@ -480,7 +502,7 @@ _ASK_ON_SBATCH_LINE = {"gpu": "--gpus-per-node=N", "npu": "--gres=npu:N"}  # as 
 def devices_not_asked_for(spec: JobSpec) -> Optional[str]:
     """What is off when a GPU or NPU job asks Slurm for none of them (the default --device is gpu, and -G is 0
     unless given), or None: its ranks then train on the CPU wherever the partition gives no device anyway."""
-    if spec.device == "cpu" or spec.gpus_per_node:
+    if spec.device == "cpu" or spec.gpus_per_node or asks_for_devices(spec.extra):
         return None
     unit = _TASK_UNIT[spec.device]
     return (f"--device {spec.device} without --gpus-per-node asks Slurm for no {unit}s: the ranks get none, unless "

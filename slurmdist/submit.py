@@ -42,7 +42,7 @@ from .envvars import is_whole, whole_number
 from .errors import SlurmdistError
 from .requeue import (DEFAULT_SIGNAL_DELAY, RequeueError, Resumable, parse_signal, requeue_limit, signal_delay_problem,
                       slurm_name)
-from .sbatch_render import HAND_ON_CPUS_PER_TASK, MEMORY_SIZE, OPTION_NAME
+from .sbatch_render import HAND_ON_CPUS_PER_TASK, MEMORY_SIZE, OPTION_NAME, managed_option
 from .task_command import Command, CommandFailed
 
 log = logging.getLogger("slurmdist")
@@ -254,8 +254,11 @@ def _check_sbatch_options(options: Mapping[str, Any]) -> None:
         if len(name) == 1:  # written as `#SBATCH --C=...`, which sbatch refuses
             raise SubmitError(f"sbatch option {key!r} is a short option; give its long name (constraint for -C, "
                               "qos for -q): each option becomes an `#SBATCH --NAME=VALUE` line")
-        if name in MANAGED_OPTIONS:
-            raise SubmitError(f"sbatch option {key!r} is set by slurmdist; instead use {MANAGED_OPTIONS[name]}")
+        managed = managed_option(name, MANAGED_OPTIONS)
+        if managed is not None:
+            read_as = "" if managed == name else f" (sbatch reads it as --{managed})"
+            raise SubmitError(f"sbatch option {key!r} is set by slurmdist{read_as}; instead use "
+                              f"{MANAGED_OPTIONS[managed]}")
         if name in ("requeue", "no-requeue"):
             raise SubmitError(f"sbatch option {key!r}: slurmdist always submits with --requeue (resuming after "
                               "preemption and the requeue signal rely on it), which would override it; submit "

@@ -250,6 +250,14 @@ def test_rendered_options_follow_the_request(capsys):
     assert script.rstrip().endswith("srun --kill-on-bad-exit=1 python train.py --lr 0.1")
 
 
+def test_gpus_asked_for_through_sbatch_options_are_not_warned_about(capsys):
+    # `--sbatch gres=gpu:a100:4` (a typed GPU) asks for GPUs: the "asks Slurm for no GPUs" warning was wrong.
+    for option in ("gres=gpu:a100:4", "gpus=8", "gpus-per-task=1"):
+        assert cli.main(["sbatch", "--sbatch", option, "--", "python", "train.py"]) == 0
+        said = capsys.readouterr()
+        assert f"#SBATCH --{option}\n" in said.out and "asks Slurm for no GPUs" not in said.err
+
+
 def test_memory_and_any_other_sbatch_option_reach_the_script(capsys):
     # Sites that need --mem, --qos or --constraint used to edit the rendered script by hand.
     assert cli.main(["sbatch", "--device", "cpu", "--mem", "32G", "--sbatch", "constraint=a100&nvlink",
@@ -267,6 +275,7 @@ def test_memory_and_any_other_sbatch_option_reach_the_script(capsys):
     (["--sbatch", "time=10"], r"--sbatch 'time=10': the script writes --time itself; use --time"),
     (["--sbatch", "job_name=x"], r"writes --job-name itself; use --job-name"),
     (["--sbatch", "C=a100"], r"long name \(constraint for -C"),
+    (["--sbatch", "part=debug"], r"writes --partition itself \(sbatch reads part as --partition\)"),
     (["--sbatch", "comment=two words"], r"one word without spaces"),
     (["--sbatch", "comment=x\n#SBATCH --nodes=99"], r"one word without spaces"),
     (["--sbatch", "=x"], r"expected KEY=VALUE"),
