@@ -365,7 +365,10 @@ def _standard_input_hosts() -> str:
     if sys.stdin is None:  # started with `<&-`
         raise SlurmdistError("hostlist: - reads the hosts from standard input, which is closed; pipe them in, "
                              "or give them as arguments")
-    return ",".join(sys.stdin.read().split())
+    try:
+        return ",".join(sys.stdin.read().split())
+    except OSError as error:  # a terminal gone away (EIO): not the write error the top level would call it
+        raise SlurmdistError(f"hostlist: cannot read the hosts from standard input: {error.strerror or error}") from None
 
 
 def _version() -> str:

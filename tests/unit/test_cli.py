@@ -229,6 +229,11 @@ def test_hostlist_reads_standard_input_for_a_dash():
     closed = subprocess.run(["bash", "-c", f"{sys.executable} -m slurmdist hostlist expand - <&-"], timeout=30,
                             env=clean_environ(), capture_output=True, text=True)
     assert closed.returncode == 2 and "standard input, which is closed" in closed.stderr, closed.stderr
+    # Standard input open for writing only: a read error (as EIO from a terminal gone away), not a write error.
+    unreadable = subprocess.run(["bash", "-c", f"{sys.executable} -m slurmdist hostlist expand - 0>/dev/null"],
+                                timeout=30, env=clean_environ(), capture_output=True, text=True)
+    assert unreadable.returncode == 2, unreadable.stderr
+    assert "cannot read the hosts from standard input: Bad file descriptor" in unreadable.stderr
 
 
 def test_a_reader_that_stops_early_ends_the_command_without_a_traceback():
