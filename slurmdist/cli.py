@@ -311,7 +311,8 @@ def _unstartable(program: str, search_path: str) -> Optional[Tuple[str, int]]:
 
 def _interpreter_missing(program: str, path: str) -> Optional[Tuple[str, int]]:
     """For a script whose #! line names an interpreter that does not exist (a console script of a deleted
-    environment), what exec would fail with (ENOENT, 127); None otherwise."""
+    environment), or one that is not executable, what exec would fail with (ENOENT 127, EACCES 126); None
+    otherwise."""
     try:
         with open(path, "rb") as script:
             first = script.readline(256)
@@ -323,9 +324,10 @@ def _interpreter_missing(program: str, path: str) -> Optional[Tuple[str, int]]:
     interpreter = os.fsdecode(words[0]) if words else ""
     if not interpreter or (os.path.isfile(interpreter) and os.access(interpreter, os.X_OK)):
         return None
+    exists = os.path.exists(interpreter)
     return (f"cannot run {program!r}: its #! line names the interpreter {interpreter!r}, which "
-            f"{'is not executable' if os.path.exists(interpreter) else 'does not exist'} (on {os.uname().nodename}): "
-            "reinstall the command in this environment, or run it with its interpreter", 127)
+            f"{'is not executable' if exists else 'does not exist'} (on {os.uname().nodename}): reinstall the command "
+            "in this environment, or run it with its interpreter", 126 if exists else 127)
 
 
 def _host_limit(text: str) -> int:

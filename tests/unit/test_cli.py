@@ -182,6 +182,10 @@ def test_run_looks_up_the_command_as_exec_would_before_anything_starts(tmp_path)
     assert gone.returncode == 127 and "its #! line names the interpreter '/no/such/venv/bin/python', which does " \
         "not exist" in gone.stderr, gone.stderr
     assert run("prep").returncode == 126 and "command is not executable: 'prep'" in run("prep").stderr
+    (bin_dir / "interpreter").write_text("")  # there, but not executable: exec says EACCES, a shell 126
+    stale.write_text(f"#!{bin_dir / 'interpreter'}\n")
+    blocked = run("train")
+    assert blocked.returncode == 126 and "which is not executable" in blocked.stderr, blocked.stderr
     found_here = run("here.sh", f"{bin_dir}{os.pathsep}{os.pathsep}/usr/bin{os.pathsep}/bin")
     assert (found_here.returncode, found_here.stdout) == (0, "ran here\n"), found_here.stderr
 
