@@ -75,7 +75,10 @@ def test_a_whole_missing_node_is_named_by_the_master_nodes_ranks():
     for result in finish(procs):
         assert result.returncode != 0
         assert "rank(s) 2-3 never arrived" in result.stderr, result.stderr
-    assert time.monotonic() - started < 25
+        # Bounded by the init timeout, as each rank measured it from entering init() (a wall clock from the
+        # start would add imports, which a busy CI machine stretched past a tight bound).
+        assert re.search(r"failed after 1[0-4] s \(timeout 10 s\)", result.stderr), result.stderr
+    assert time.monotonic() - started < 90  # no hang, whatever the imports took
 
 
 def test_a_frozen_store_host_ends_the_other_ranks_in_bounded_time():
