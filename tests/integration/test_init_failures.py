@@ -53,8 +53,9 @@ def test_a_rank_0_that_came_later_than_the_others_wait_says_so():
     late = run([PYTHON, "-c", LATE_RANK_0.format(delay=14, attempts=1)],
                rank_environ(0, 2, port, SLURMDIST_INIT_TIMEOUT="2"))
     assert "rank(s) 1 never arrived" in late.stdout, late.stdout + late.stderr
-    assert re.search(r"this rank entered the rendezvous 1[4-9] s after its process started, later than the 2 s",
-                     late.stdout), late.stdout
+    said = re.search(r"this rank entered the rendezvous (\d+) s after its process started, later than the 2 s",
+                     late.stdout)
+    assert said and int(said[1]) >= 14, late.stdout  # its 14 s of set-up, plus imports (longer on a busy machine)
     prompt = run([PYTHON, "-c", LATE_RANK_0.format(delay=0, attempts=2)],
                  rank_environ(0, 2, port, SLURMDIST_INIT_TIMEOUT="3"))
     assert prompt.stdout.count("rank(s) 1 never arrived") == 2, prompt.stdout + prompt.stderr
