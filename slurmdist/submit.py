@@ -19,6 +19,8 @@ Importing this module imports neither submitit nor torch; the executor is built 
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import logging
 import math
 import os
@@ -33,7 +35,7 @@ import traceback
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
 from . import commands
 from .argv import command_words
@@ -401,8 +403,9 @@ class Submitter:
         """Run ``fn(*args, **kwargs)`` in every task of one job; returns the submitit job."""
         _require_callable(fn, "submit")
         executor = self.executor  # first: without submitit, its error says what to install
-        return _submitting(lambda: executor.submit(fn, *args, **kwargs), signal_variables(self.resources),
-                           self.folder)
+        with _folders_kept_only_if_submitted(self.folder):
+            return _submitting(lambda: executor.submit(fn, *args, **kwargs), signal_variables(self.resources),
+                               self.folder)
 
     def submit_command(self, argv: Sequence[str], cwd: Union[str, os.PathLike, None] = None) -> Any:
         """Run a command (``["python", "train.py", "--steps", "100"]``) in every task; no shell is involved."""
@@ -423,8 +426,9 @@ class Submitter:
             raise SubmitError(f"map_array: the argument lists have different lengths ({', '.join(map(str, lengths))}); "
                               "zip would submit only as many jobs as the shortest has: make them one length")
         executor = self.executor
-        return _submitting(lambda: executor.map_array(fn, *columns), signal_variables(self.resources),
-                           self.folder, gated=False)
+        with _folders_kept_only_if_submitted(self.folder):
+            return _submitting(lambda: executor.map_array(fn, *columns), signal_variables(self.resources),
+                               self.folder, gated=False)
 
 
 def _require_callable(fn: Any, method: str) -> None:
@@ -522,11 +526,11 @@ def _submitting(submit: Callable[[], Any], environment: Mapping[str, str], folde
     error = outcome.get("error")
     if isinstance(error, (FailedJobError, FailedSubmissionError, subprocess.CalledProcessError)):
         said = str(error).strip()
-        raise SubmitError(f"sbatch refused the job: {said}{_unreachable_cluster_hint(said)}") from None
+        raise _nothing_queued(f"sbatch refused the job: {said}{_unreachable_cluster_hint(said)}") from None
     if isinstance(error, OSError):
         raise folder_failure(error, folder) from None
     if error is not None and _raised_while_pickling(error):
-        raise SubmitError(f"the function or its arguments cannot be sent to the job: {error}. They are pickled "
+        raise _nothing_queued(f"the function or its arguments cannot be sent to the job: {error}. They are pickled "
                           "into a file the job loads: pass what the job needs to rebuild them (a path, a config) "
                           "instead") from error
     if error is not None:
@@ -619,6 +623,34 @@ def job_folder(folder: Union[str, os.PathLike]) -> Path:
                           "submitit files an array's submission before any element has an index. Use %j (an "
                           "element's id is ARRAYID_INDEX, so each gets its own folder) or %A (one folder per array)")
     return Path(folder)
+
+
+@contextlib.contextmanager
+def _folders_kept_only_if_submitted(folder: Path) -> Iterator[None]:
+    """Remove the folder a submission that queued nothing made for its files: submitit makes the job's folder (up
+    to its first %) and writes the pickle and script there before sbatch answers, and `slurmdist submit -- ...`
+    where sbatch refused left a `slurmdist-logs/` in the caller's directory. Only a folder that was not there
+    before is removed, and only when nothing was queued: a submission given up on may still reach sbatch, and
+    its job needs its files."""
+    fixed = Path(*itertools.takewhile(lambda part: "%" not in part, Path(folder).parts)).absolute()  # %j: the id
+    made = next((path for path in reversed([fixed, *fixed.parents]) if not path.exists()), None)  # outermost
+    try:
+        yield
+    except SubmitError as error:
+        if made is not None and getattr(error, NOTHING_QUEUED, False):
+            shutil.rmtree(made, ignore_errors=True)
+        raise
+
+
+NOTHING_QUEUED = "nothing_queued"  # set on a SubmitError after which certainly no job exists
+
+
+def _nothing_queued(message: str) -> SubmitError:
+    """A SubmitError for a submission that certainly queued no job (sbatch refused it, or it never reached
+    sbatch): the files submitit made for it are of no use to anyone."""
+    error = SubmitError(message)
+    setattr(error, NOTHING_QUEUED, True)
+    return error
 
 
 def folder_failure(error: OSError, folder: Path) -> Exception:

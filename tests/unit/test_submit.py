@@ -457,6 +457,20 @@ def fake_submitting_tools(tmp_path, monkeypatch, sbatch: str) -> Path:
     return bin_dir
 
 
+@pytest.mark.parametrize("folder", ["slurmdist-logs/%j", "runs/today/%j/logs", "runs/today/job_%j"])
+def test_a_refused_submission_leaves_no_empty_log_folders_behind(tmp_path, monkeypatch, folder):
+    # `slurmdist submit -- ...` where sbatch refused left an empty slurmdist-logs/ in the caller's directory.
+    import slurmdist.submit as submit
+
+    fake_submitting_tools(tmp_path, monkeypatch, 'echo "sbatch: error: Invalid account" >&2; exit 1')
+    work = tmp_path / "work"
+    (work / "runs").mkdir(parents=True)  # there before: kept
+    monkeypatch.chdir(work)
+    with pytest.raises(SubmitError, match="sbatch refused the job: .*Invalid account"):
+        submit.Submitter(cluster="slurm", folder=folder).submit(print)
+    assert sorted(path.name for path in work.iterdir()) == ["runs"] and not any((work / "runs").iterdir())
+
+
 class SlowToPickle:
     """An argument that takes its time to pickle (large, onto a slow file system)."""
 
