@@ -38,10 +38,10 @@ _TIME = re.compile(r"\d+(-\d+)?(:\d+){0,2}|\d+-\d+(:\d+)?|(?i:infinite|unlimited
 _NO_LIMIT = re.compile(r"[0:-]+|(?i:infinite|unlimited)")  # Slurm's ways to say "no time limit"
 _PATH = re.compile(r"[A-Za-z0-9_./%+-]+")
 _SIGNAL = re.compile(r"(R:)?[A-Z0-9]+(@\d+)?", re.ASCII)  # not B:, which signals only the batch shell (it would die)
-# An sbatch option's long name, and a --mem size (sbatch takes no fractions; a unit may end in B, as 500MB, but a
-# bare B is no unit sbatch knows). Shared with submit.py. re.ASCII: \d also matches other scripts' digits.
+# An sbatch option's long name (shared with submit.py), and a --mem size (sbatch takes no fractions; a unit may end
+# in B, as 500MB, but a bare B is no unit sbatch knows). re.ASCII: \d also matches other scripts' digits.
 OPTION_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")  # fullmatch: '$' would also pass a trailing newline
-MEMORY_SIZE = re.compile(r"\d+([KMGT]B?)?", re.IGNORECASE | re.ASCII)
+_MEMORY_SIZE = re.compile(r"\d+([KMGT]B?)?", re.IGNORECASE | re.ASCII)
 # A value given with --sbatch KEY=VALUE: what constraints (a100&nvlink), gres (gpu:a100:4), node lists
 # (node[1-3]), mail addresses and reservations hold; nothing that ends an #SBATCH line or starts a comment.
 _EXTRA_VALUE = re.compile(r"[A-Za-z0-9_.,:;@%+=/\[\]()&|!*~^-]+")
@@ -157,9 +157,17 @@ def validate(spec: JobSpec) -> JobSpec:
     return spec
 
 
+def memory_size_fault(text: str) -> Optional[str]:
+    """Why sbatch's --mem would not take `text` as meant: 'not a size', or 'no unit' (a bare number other than 0,
+    all of the node's memory, which sbatch reads as megabytes); None when it would. Shared with submit.py."""
+    size = _MEMORY_SIZE.fullmatch(text)
+    if size is None:
+        return "not a size"
+    return "no unit" if size.group(1) is None and text.strip("0") else None
+
+
 def _check_mem(mem: Optional[str]) -> None:
-    size = None if mem is None else MEMORY_SIZE.fullmatch(mem)
-    if mem is not None and (size is None or (size.group(1) is None and mem.strip("0"))):
+    if mem is not None and memory_size_fault(mem) is not None:
         raise SbatchError(f"--mem {mem!r} is not a memory size with its unit, such as 32G or 500M (sbatch reads a "
                           "bare number as megabytes; 0 is all of the node's memory)")
 
@@ -191,9 +199,10 @@ def _check_extra(name: str, value: Optional[str]) -> None:
     if not OPTION_NAME.fullmatch(name) or len(name) == 1:
         raise SbatchError(f"--sbatch {typed!r}: give an sbatch option's long name (constraint for -C, qos for -q), "
                           "as KEY=VALUE or a flag alone, e.g. --sbatch constraint=a100 or --sbatch exclusive")
-    option = managed_option(name.replace("_", "-"), _RENDERED_OPTIONS)
+    spelled = name.replace("_", "-")
+    option = managed_option(spelled, _RENDERED_OPTIONS)
     if option is not None:
-        read_as = "" if option == name.replace("_", "-") else f" (sbatch reads {name} as --{option})"
+        read_as = "" if option == spelled else f" (sbatch reads {name} as --{option})"
         raise SbatchError(f"--sbatch {typed!r}: the script writes --{option} itself{read_as}; use "
                           f"{_RENDERED_OPTIONS[option]}")
     if value is not None and not _EXTRA_VALUE.fullmatch(value):

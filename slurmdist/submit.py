@@ -44,7 +44,7 @@ from .envvars import is_whole, whole_number
 from .errors import SlurmdistError
 from .requeue import (DEFAULT_SIGNAL_DELAY, RequeueError, Resumable, parse_signal, requeue_limit, signal_delay_problem,
                       slurm_name)
-from .sbatch_render import HAND_ON_CPUS_PER_TASK, MEMORY_SIZE, OPTION_NAME, managed_option
+from .sbatch_render import HAND_ON_CPUS_PER_TASK, OPTION_NAME, managed_option, memory_size_fault
 from .task_command import Command, CommandFailed
 
 log = logging.getLogger("slurmdist")
@@ -174,11 +174,11 @@ def parse_mem(value: Union[int, float, str]) -> str:
             raise SubmitError(f"mem={value!r} must be a positive, finite amount (GiB)")
         return f"{int(value)}G" if float(value).is_integer() else f"{math.ceil(value * 1024)}M"
     text = str(value).strip()
-    size = MEMORY_SIZE.fullmatch(text)
-    if not size:
+    fault = memory_size_fault(text)
+    if fault == "not a size":
         raise SubmitError(f"mem={value!r} is not a Slurm memory size such as 32G or 500M (whole numbers; a "
                           "Python number such as 1.5 is taken as GiB)")
-    if size.group(1) is None and text.strip("0"):  # "0": sbatch's "all of the node's memory"
+    if fault == "no unit":
         raise SubmitError(f"mem={value!r} has no unit: sbatch reads a bare number as megabytes, while mem={text} "
                           f"(a number) means {text} GiB. Write the unit, e.g. '{text}G' or '{text}M'")
     return text.upper()
