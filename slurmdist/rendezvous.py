@@ -687,9 +687,7 @@ def _late_rank_0(deadline: Deadline) -> str:
     """For a rank 0 that no other rank reached: a clause when this process first entered the rendezvous later
     after its start than the others wait, with START_ALLOWANCE to spare (a dataset loaded before init()), so
     they may have come and given up before its store listened; else ''."""
-    from .procfs import process_age
-
-    age = process_age()
+    age = procfs.process_age()
     if age is None or not FIRST_ENTRY:
         return ""
     entered = age - (time.monotonic() - FIRST_ENTRY[0])

@@ -632,7 +632,7 @@ def _folders_kept_only_if_submitted(folder: Path) -> Iterator[None]:
     where sbatch refused left a `slurmdist-logs/` in the caller's directory. Only a folder that was not there
     before is removed, and only when nothing was queued: a submission given up on may still reach sbatch, and
     its job needs its files."""
-    fixed = Path(*itertools.takewhile(lambda part: "%" not in part, Path(folder).parts)).absolute()  # %j: the id
+    fixed = submitit_folder(folder)
     made = next((path for path in reversed([fixed, *fixed.parents]) if not path.exists()), None)  # outermost
     try:
         yield
@@ -653,13 +653,19 @@ def _nothing_queued(message: str) -> SubmitError:
     return error
 
 
+def submitit_folder(folder: Union[str, os.PathLike]) -> Path:
+    """The folder submitit makes for a job's files before sbatch answers: `folder` up to its first part that
+    holds a pattern (%j, %A), absolute."""
+    return Path(*itertools.takewhile(lambda part: "%" not in part, Path(folder).parts)).absolute()
+
+
 def folder_failure(error: OSError, folder: Path) -> Exception:
     """A SubmitError naming the job's folder when `error` is about it or a folder above it (submitit makes it
     and writes the job's pickles there before the job starts); else `error` itself."""
     if error.filename is None:
         return error
     failed = Path(os.fsdecode(error.filename)).absolute()
-    fixed = Path(str(folder).split("%", 1)[0]).absolute()  # the part before submitit's %j, %A, ...
+    fixed = submitit_folder(folder)
     if not (failed == fixed or fixed in failed.parents or failed in fixed.parents):
         return error
     return SubmitError(

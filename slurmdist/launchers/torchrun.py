@@ -5,9 +5,7 @@ from __future__ import annotations
 from typing import Mapping, Optional
 
 from ..distenv import DistEnv
-from ..envvars import (
-    check_index, check_within, explicit_master, read_count, require_count, scheduler_job_id,
-)
+from ..envvars import check_index, check_within, explicit_master, read_count, require_count, scheduler_job_id
 from ..errors import LaunchError, quoted
 
 _CORE = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
