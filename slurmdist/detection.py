@@ -138,7 +138,8 @@ def _set_by_srun_for_cray_mpi(environ: Mapping[str, str]) -> bool:
     Cray sites) sets PALS_RANKID, PALS_LOCAL_RANKID and PMI_* in every task of the step, but no
     PALS_LOCAL_SIZE, and names the step in PALS_APID ("JOB.STEP"). The same on every task, so the whole step
     reads as srun's, as ``--mpi=pmi2``'s does."""
-    return environ.get("PALS_APID", "").strip() == f"{slurm.job_id(environ)}.{slurm.step_id(environ)}"
+    apid = environ.get("PALS_APID")  # absent in nearly every step: then no step or job id is read again
+    return apid is not None and apid.strip() == f"{slurm.job_id(environ)}.{slurm.step_id(environ)}"
 
 
 def _started_inside_step(step: DistEnv, launched_by_mpi: Optional[DistEnv], environ: Mapping[str, str]) -> bool:
