@@ -238,7 +238,8 @@ def _checked(choice: BackendChoice, caps: Capabilities, environ: Mapping[str, st
             f"backend='gloo' for the CPU"
         )
     if _count(choice.device_type, caps) == 0:
-        cause = _unusable(choice.device_type, caps)
+        cause = _unusable(choice.device_type, caps) or (
+            rocm_masked(caps, environ) if choice.device_type == "cuda" else None)
         ask = "--gres=npu:N" if choice.device_type == "npu" else "srun --gpus-per-task / --gres"
         subject = subject or f"backend {choice.backend!r} needs a {choice.device_type} device"
         raise BackendError(
@@ -272,12 +273,31 @@ def unused_gpus(
     given = [f"{name}={environ[name]!r}" for name in SLURM_GPU_VARIABLES if _names_gpus(name, environ.get(name))]
     if not given:
         return None
+    masked = rocm_masked(caps, environ)
+    if masked is not None:
+        return (f"Slurm gave this task GPUs ({', '.join(given)}; {visibility('cuda', environ)}) but torch "
+                f"{caps.torch_version} sees none: {masked}. Until then backend 'auto' runs gloo on the CPU")
     build = "a CPU-only build" if not caps.cuda_build else "its CUDA runtime sees no device"
     return (
         f"Slurm gave this task GPUs ({', '.join(given)}; {visibility('cuda', environ)}) but torch "
         f"{caps.torch_version} sees none ({build}), so backend 'auto' runs gloo on the CPU. Install a CUDA "
         "build of PyTorch or check the driver (nvidia-smi); pass backend='gloo' if the CPU is intended"
     )
+
+
+def rocm_masked(caps: Capabilities, environ: Mapping[str, str]) -> Optional[str]:
+    """Why a ROCm torch sees no GPU where Slurm set ROCR_VISIBLE_DEVICES beside CUDA_VISIBLE_DEVICES (or HIP's):
+    HIP applies the second to what the first already left, renumbered from 0, so both naming GPU 1 leave none.
+    None where that is not the case."""
+    if "rocm" not in caps.torch_version or not environ.get("ROCR_VISIBLE_DEVICES", "").strip():
+        return None
+    second = [name for name in ("HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES") if environ.get(name, "").strip()]
+    if not second:
+        return None
+    return (f"on ROCm, HIP applies {' and '.join(second)} to the GPUs ROCR_VISIBLE_DEVICES left, renumbered from "
+            f"0, so the two Slurm set together can leave none. Unset {' and '.join(second)} in the task (srun bash "
+            f"-c 'unset {' '.join(second)}; exec python train.py'), or ask the site for gres.conf Flags=amd_gpu_env, "
+            "which makes Slurm set ROCR_VISIBLE_DEVICES alone")
 
 
 def unused_npus(requested: str, choice: BackendChoice, caps: Capabilities) -> Optional[str]:

@@ -15,8 +15,8 @@ from typing import List, Mapping, NamedTuple, Optional, Tuple
 from .envvars import whole_number
 from .errors import BackendError
 
-# What narrows the devices a process sees, per device type. On ROCm, Slurm sets the HIP/ROCR variables
-# beside CUDA_VISIBLE_DEVICES, and torch honours all three.
+# What narrows the devices a process sees, per device type. On ROCm, Slurm sets ROCR_VISIBLE_DEVICES beside
+# CUDA_VISIBLE_DEVICES, and HIP applies the second to what the first left (backends.rocm_masked).
 VISIBILITY_VARIABLES = {
     "cuda": ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES"),
     "npu": ("ASCEND_RT_VISIBLE_DEVICES",),
@@ -127,21 +127,17 @@ def device_ordinal(
             f"ask the scheduler for devices ({ask}) or run on the CPU with backend='gloo'"
         )
     if narrowed_per_task(environ, device_type, device_count, task_is_rank):
-        if device_type == "npu" and local_rank > 0 and _chosen_npus(environ) == ["0"] and not _sharing(environ, share):
-            raise BackendError(
-                f"local rank {local_rank} sees only NPU 0 ({visibility(device_type, environ)}), which is what an "
-                "`export ASCEND_RT_VISIBLE_DEVICES=$SLURM_LOCALID` in the batch script gives every task: it expands "
-                "once, in the batch step, whose SLURM_LOCALID is 0, so all the node's ranks would share NPU 0. Set "
-                "it in each task instead: srun bash -c 'ASCEND_RT_VISIBLE_DEVICES=$SLURM_LOCALID exec python "
-                f"train.py'; or, if they are meant to share it, set {SHARE_VARIABLE}=1"
-            )
         on_node = _gpus_on_node(device_type, environ)
-        if on_node is None or local_world_size <= on_node or _sharing(environ, share):
-            return 0
-        # Each task sees one GPU, but the node has fewer than tasks (`--gpu-bind=closest` with one GPU per
-        # socket, a wrapper narrowing it): some tasks see the same one.
-        raise _too_few(device_type, local_world_size, on_node, f"on it (SLURM_GPUS_ON_NODE={on_node}), each task "
-                       f"seeing one ({visibility(device_type, environ)}), so some see the same one", task_is_rank)
+        if on_node is not None and local_world_size > on_node and not _sharing(environ, share):
+            # Each task sees one GPU, but the node has fewer than tasks (`--gpu-bind=closest` with one GPU per
+            # socket, a wrapper narrowing it): some tasks see the same one.
+            raise _too_few(device_type, local_world_size, on_node, f"on it (SLURM_GPUS_ON_NODE={on_node}), each "
+                           f"task seeing one ({visibility(device_type, environ)}), so some see the same one",
+                           task_is_rank)
+        expanded_once = _set_once_for_all_tasks(device_type, local_rank, environ)
+        if expanded_once is not None and not _sharing(environ, share):
+            raise _expanded_in_the_batch_step(device_type, local_rank, expanded_once, environ)
+        return 0
     if local_world_size <= device_count:
         return local_rank
     if _sharing(environ, share):
@@ -150,7 +146,7 @@ def device_ordinal(
     # until the rendezvous timed out.
     on_node = _gpus_on_node(device_type, environ)
     if task_is_rank and on_node is not None and device_count < on_node and local_world_size <= on_node:
-        raise _given_a_part(local_world_size, device_count, on_node, visibility(device_type, environ))
+        raise _given_a_part(local_world_size, device_count, on_node, environ)
     raise _too_few(device_type, local_world_size, device_count, f"visible ({visibility(device_type, environ)})",
                    task_is_rank)
 
@@ -158,6 +154,36 @@ def device_ordinal(
 def _chosen_npus(environ: Mapping[str, str]) -> List[str]:
     """The NPUs ASCEND_RT_VISIBLE_DEVICES names (empty pieces dropped)."""
     return [d.strip() for d in environ.get("ASCEND_RT_VISIBLE_DEVICES", "").split(",") if d.strip()]
+
+
+def _set_once_for_all_tasks(device_type: str, local_rank: int, environ: Mapping[str, str]) -> Optional[str]:
+    """The visibility variable that leaves a task above local rank 0 device 0 alone where the step gave the node
+    more, as `VAR=$SLURM_LOCALID` written in the batch script leaves it every task (the line expands once, in
+    the batch step, whose SLURM_LOCALID is 0); None otherwise. Slurm's own per-task binding narrows
+    SLURM_STEP_GPUS with the task's GPUs, so a single "0" beside several step GPUs is not Slurm's doing. NPUs:
+    Slurm sets no Ascend variable, so a single NPU 0 is always someone's `$SLURM_LOCALID`."""
+    if local_rank == 0:
+        return None
+    if device_type == "npu":
+        return "ASCEND_RT_VISIBLE_DEVICES" if _chosen_npus(environ) == ["0"] else None
+    step_gpus = environ.get("SLURM_STEP_GPUS") or environ.get("SLURM_JOB_GPUS") or ""
+    if gpus_per_task(environ) == 1 or len([g for g in step_gpus.split(",") if g.strip()]) < 2:
+        return None
+    return next((name for name in VISIBILITY_VARIABLES["cuda"] if environ.get(name, "").strip() == "0"), None)
+
+
+def _expanded_in_the_batch_step(device_type: str, local_rank: int, variable: str,
+                                environ: Mapping[str, str]) -> BackendError:
+    kind = "NPU" if device_type == "npu" else "GPU"
+    slurm_way = "" if device_type == "npu" else "; or let Slurm give each task its own: srun --gpus-per-task=1"
+    return BackendError(
+        f"local rank {local_rank} sees only {kind} 0 ({visibility(device_type, environ)}), which is what "
+        f"`{variable}=$SLURM_LOCALID` written in the batch script (an export, or inside srun bash -c \"...\" in "
+        "double quotes) gives every task: it expands once, in the batch step, whose SLURM_LOCALID is 0, so all "
+        f"the node's ranks would share {kind} 0. Set it in each task instead, in single quotes: srun bash -c "
+        f"'{variable}=$SLURM_LOCALID exec python train.py'{slurm_way}; or, if they are meant to share it, set "
+        f"{SHARE_VARIABLE}=1"
+    )
 
 
 def _gpus_on_node(device_type: str, environ: Mapping[str, str]) -> Optional[int]:
@@ -181,16 +207,23 @@ def _too_few(device_type: str, ranks: int, devices: int, seen: str, task_is_rank
     )
 
 
-def _given_a_part(ranks: int, seen: int, on_node: int, visible: str) -> BackendError:
+def _given_a_part(ranks: int, seen: int, on_node: int, environ: Mapping[str, str]) -> BackendError:
     """The node has a GPU for every task, but Slurm left each task a few it shares with others (`--gpu-bind=
     closest`: the GPUs near the task's socket). Which of them is this task's depends on how srun spread the
-    tasks over the sockets, which a task cannot see; fewer tasks, as the generic advice says, is wrong here."""
+    tasks over the sockets, which a task cannot see; fewer tasks, as the generic advice says, is wrong here.
+    An explicit `--gpu-bind` overrides the one-GPU binding `--gpus-per-task` implies (srun's manual), so the
+    advice must not pair them."""
+    asked, bind = gpus_per_task(environ), environ.get("SLURMD_TRES_BIND")
+    shown = f" (SLURMD_TRES_BIND={bind!r})" if bind else ""
+    overridden = (f" The job asked for --gpus-per-task={asked}, but an explicit --gpu-bind{shown} replaced the "
+                  "one-per-task binding it implies." if asked is not None else "")
     return BackendError(
         f"{ranks} tasks on this node, which has {on_node} GPUs (SLURM_GPUS_ON_NODE={on_node}), but Slurm left this "
-        f"task {seen} of them ({visible}), shared with other tasks (--gpu-bind=closest or a per-socket binding), so "
-        "local rank cannot tell which one is its own. Ask srun for one GPU per task: --gpus-per-task=1 (with "
-        f"--gpu-bind=closest to keep it near the task's cores). {SHARE_VARIABLE}=1 would make ranks pick among "
-        "the visible GPUs by local rank, which can put two ranks on one GPU while another sits idle"
+        f"task {seen} of them ({visibility('cuda', environ)}), shared with other tasks (--gpu-bind=closest or a "
+        f"per-socket binding), so local rank cannot tell which one is its own.{overridden} Ask srun for one GPU "
+        "per task: --gpus-per-task=1 without --gpu-bind, or --gpu-bind=single:1 to keep each task's GPU near its "
+        f"cores. {SHARE_VARIABLE}=1 would make ranks pick among the visible GPUs by local rank, which can put two "
+        "ranks on one GPU while another sits idle"
     )
 
 
@@ -214,9 +247,11 @@ def plan(
     environ: Mapping[str, str],
     index: Optional[int] = None,
     task_is_rank: bool = False,
+    backend: str = "",
 ) -> DevicePlan:
     """The device for this process: CPU has no index; an explicit `index` wins over the local-rank rule.
-    `task_is_rank`: this process is an srun task of its own (see `narrowed_per_task`)."""
+    `task_is_rank`: this process is an srun task of its own (see `narrowed_per_task`); `backend` (torch's
+    spelling, "cpu:gloo,cuda:nccl" included) refuses sharing that backend cannot do."""
     if device_type == "cpu":
         return DevicePlan("cpu", None)
     if index is not None:
@@ -228,7 +263,27 @@ def plan(
         return DevicePlan(device_type, index)
     ordinal = device_ordinal(device_type, local_rank, local_world_size, device_count, environ,
                              task_is_rank=task_is_rank)
+    if "nccl" in backend and device_type == "cuda":
+        _refuse_stacked_for_nccl(local_world_size, device_count, environ, task_is_rank)
     return DevicePlan(device_type, ordinal)
+
+
+def _refuse_stacked_for_nccl(local_world_size: int, device_count: int, environ: Mapping[str, str],
+                             task_is_rank: bool) -> None:
+    """NCCL takes one rank per GPU in a group: a second rank on a GPU fails at the group's first collective
+    ("Duplicate GPU detected", ncclInvalidUsage), after the whole job met. Refused only where stacking is
+    certain: this rank sees all the node's GPUs (SLURM_GPUS_ON_NODE), so its neighbours see the same ones. Ranks
+    that each see other GPUs (jsrun -g1, a wrapper narrowing each rank) share no GPU, whatever the counts say."""
+    on_node = _gpus_on_node("cuda", environ)
+    if local_world_size <= device_count or on_node is None or device_count < on_node:
+        return
+    raise BackendError(
+        f"{SHARE_VARIABLE}=1 puts the node's {local_world_size} ranks on its {device_count} GPU(s) "
+        f"(SLURM_GPUS_ON_NODE={on_node}, {visibility('cuda', environ)}), but NCCL refuses two ranks of one group on "
+        f"one GPU: the first collective would fail with 'Duplicate GPU detected'. Start one rank per GPU "
+        f"({_one_each('cuda', device_count, task_is_rank)}), or share the GPUs over gloo, which can but is slower: "
+        "slurmdist.init(backend='gloo', device='cuda')"
+    )
 
 
 def device_count(device_type: str) -> int:

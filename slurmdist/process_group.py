@@ -122,7 +122,7 @@ def _choose_device(env: DistEnv, backend: str, device: Any, environ: Mapping[str
     backends.check_index(device, choice)
     count = devices.device_count(choice.device_type) if choice.device_type != "cpu" else 0
     plan = devices.plan(choice.device_type, env.local_rank, env.local_world_size, count, environ, index,
-                        task_is_rank=is_own_srun_task(env, environ))
+                        task_is_rank=is_own_srun_task(env, environ), backend=choice.backend)
     return env.replace(device=devices.bind(plan), device_ids=plan.device_ids, backend=choice.backend)
 
 

@@ -440,7 +440,8 @@ def register(subparsers: Any) -> None:
                         help="warning signal before the time limit (default USR2@120 with srun; '' for none)")
     parser.add_argument("--no-requeue", dest="requeue", action="store_false")
     parser.add_argument("--share-devices", action="store_true",
-                        help="allow more ranks per node than GPUs/NPUs (exports SLURMDIST_SHARE_DEVICES=1)")
+                        help="allow more ranks per node than GPUs/NPUs (exports SLURMDIST_SHARE_DEVICES=1; on GPUs the program "
+                        "must then use gloo: NCCL takes one rank per GPU)")
     parser.add_argument("--setup", action="append", default=[], metavar="LINE",
                         help="shell line run before the launch, e.g. 'module load cuda' or 'source ~/venv/bin/activate' "
                         "(repeatable; needed where jobs are submitted with --export=NONE)")

@@ -263,3 +263,35 @@ def test_init_without_torch_says_to_install_it(monkeypatch):
     monkeypatch.setitem(sys.modules, "torch", None)  # import fails as when torch is not installed
     with pytest.raises(BackendError, match=r"slurmdist.init\(\) needs PyTorch.*pip install torch"):
         probe("auto", environ={})
+
+
+def test_init_hands_its_backend_to_the_device_plan_so_nccl_sharing_stops_before_the_network(monkeypatch, case):
+    from slurmdist import devices, process_group
+    from slurmdist.detection import detect
+
+    monkeypatch.setattr(process_group.backends, "probe", lambda *args: CUDA._replace(cuda_devices=2))
+    monkeypatch.setattr(devices, "device_count", lambda device_type: 2)
+    monkeypatch.setattr(devices, "bind", lambda device_plan: device_plan.device)
+    environ = {**case("slurm/srun_gpus_per_node2")[1], "SLURMDIST_SHARE_DEVICES": "1", "SLURM_NTASKS_PER_NODE": "4"}
+    env = detect(environ).replace(local_world_size=4)
+    with pytest.raises(BackendError, match="NCCL refuses two ranks of one group on one GPU"):
+        process_group._choose_device(env, "auto", None, environ)
+    assert process_group._choose_device(env, "gloo", "cuda", environ).device == "cuda:1"
+
+
+def test_a_rocm_torch_that_slurms_two_visibility_variables_left_without_gpus_is_told_why(case):
+    # Slurm's default gres flags set ROCR_VISIBLE_DEVICES and CUDA_VISIBLE_DEVICES to the same "1" (captured);
+    # HIP applies the second to what the first left, renumbered from 0: torch sees no GPU (gres.conf(5)).
+    task = case("slurm/srun_N2_tpn2_gpus_per_task1")[1]
+    rocm = Capabilities(torch_version="2.13.0+rocm6.4", cuda_build=True, nccl=True, gloo=True)
+    warning = unused_gpus("auto", choose("auto", rocm), rocm, task)
+    assert "ROCR_VISIBLE_DEVICES='1'" in warning and "HIP applies CUDA_VISIBLE_DEVICES" in warning
+    assert "unset CUDA_VISIBLE_DEVICES" in warning and "Flags=amd_gpu_env" in warning
+    assert "nvidia-smi" not in warning
+    with pytest.raises(BackendError, match="sees none .*HIP applies CUDA_VISIBLE_DEVICES .*amd_gpu_env"):
+        choose("nccl", rocm, None, task)
+    # A CUDA build, or ROCR_VISIBLE_DEVICES alone (Flags=amd_gpu_env): the usual advice.
+    assert "nvidia-smi" in unused_gpus("auto", choose("auto", CUDA._replace(cuda_devices=0)),
+                                       CUDA._replace(cuda_devices=0), task)
+    alone = {name: value for name, value in task.items() if name != "CUDA_VISIBLE_DEVICES"}
+    assert "nvidia-smi" in unused_gpus("auto", choose("auto", rocm), rocm, alone)

@@ -244,8 +244,9 @@ def test_one_gpu_each_but_fewer_gpus_on_the_node_than_tasks_is_refused(case):
     # see the same one. Ordinal 0 everywhere would stack them without a word.
     tasks = [case("slurm/srun_N2_tpn2")[0]] * 4
     for local_rank in range(4):
-        environ = {**tasks[local_rank], "CUDA_VISIBLE_DEVICES": str(local_rank % 2), "SLURM_STEP_GPUS": "0,1",
-                   "SLURM_GPUS_ON_NODE": "2"}
+        # Slurm narrows SLURM_STEP_GPUS with the task's binding (see srun_N2_tpn2_gpus_per_task1).
+        environ = {**tasks[local_rank], "CUDA_VISIBLE_DEVICES": str(local_rank % 2),
+                   "SLURM_STEP_GPUS": str(local_rank % 2), "SLURM_GPUS_ON_NODE": "2"}
         with pytest.raises(BackendError, match=r"4 tasks on this node but only 2 cuda device\(s\) on it "
                                                r"\(SLURM_GPUS_ON_NODE=2\).* local ranks 2-3 have no device"):
             device_ordinal("cuda", local_rank, 4, 1, environ, task_is_rank=True)
@@ -288,3 +289,56 @@ def test_a_share_setting_that_is_neither_yes_nor_no_is_refused_naming_it(value):
 def test_ranks_of_a_launcher_inside_one_task_are_told_the_launchers_way_out():
     with pytest.raises(BackendError, match=r"local rank 1 has no device .*torchrun --nproc-per-node=1"):
         device_ordinal("cuda", 0, 2, 1, {"CUDA_VISIBLE_DEVICES": "0"}, task_is_rank=False)
+
+
+def test_gpus_per_task_overridden_by_an_explicit_gpu_bind_is_not_told_to_add_one():
+    # srun --gpus-per-task=1 --gpu-bind=closest: the explicit bind replaces per_task:1 (srun's manual), so each
+    # task sees its socket's GPUs. Advice to add --gpu-bind=closest would bring back this very error.
+    environ = {"SLURMD_TRES_BIND": "gpu:closest", "SLURM_GPUS_PER_TASK": "1", "SLURM_GPUS_ON_NODE": "4",
+               "CUDA_VISIBLE_DEVICES": "0,1", "SLURM_STEP_GPUS": "0,1"}
+    with pytest.raises(BackendError) as refused:
+        device_ordinal("cuda", 1, 4, 2, environ, task_is_rank=True)
+    said = str(refused.value)
+    assert "asked for --gpus-per-task=1, but an explicit --gpu-bind (SLURMD_TRES_BIND='gpu:closest') replaced" in said
+    assert "--gpus-per-task=1 without --gpu-bind, or --gpu-bind=single:1" in said
+    assert "with --gpu-bind=closest" not in said
+
+
+def test_cuda_visible_devices_expanded_once_in_the_batch_step_is_refused_above_local_rank_0(case):
+    # export CUDA_VISIBLE_DEVICES=$SLURM_LOCALID in the batch script (or srun bash -c "..." in double quotes):
+    # every task of a step that owns both GPUs sees GPU 0 alone.
+    for task in case("slurm/srun_gpus_per_node2"):
+        stacked = {**task, "CUDA_VISIBLE_DEVICES": "0"}
+        if task["SLURM_LOCALID"] == "0":
+            assert ordinal(stacked, 1) == 0
+            continue
+        with pytest.raises(BackendError, match=r"local rank 1 sees only GPU 0 \(CUDA_VISIBLE_DEVICES='0', "
+                                               r"ROCR_VISIBLE_DEVICES='0,1'\).*written in the batch script.*"
+                                               r"single quotes.*--gpus-per-task=1"):
+            ordinal(stacked, 1)
+        assert ordinal({**stacked, "SLURMDIST_SHARE_DEVICES": "1"}, 1) == 0
+        # Set in each task, in single quotes: its own GPU, ordinal 0.
+        assert ordinal({**task, "CUDA_VISIBLE_DEVICES": task["SLURM_LOCALID"]}, 1) == 0
+    # Slurm's own per-task binding narrows SLURM_STEP_GPUS too: GPU 0 alone at local rank 1 is then fine (a site
+    # whose cgroups renumber each task's GPU from 0).
+    for task in case("slurm/srun_N2_tpn2_gpus_per_task1"):
+        assert ordinal({**task, "CUDA_VISIBLE_DEVICES": "0", "ROCR_VISIBLE_DEVICES": "0"}, 1) == 0
+
+
+def test_ranks_sharing_gpus_are_refused_under_nccl_before_the_rendezvous(case):
+    # srun --gpus-per-node=2 with 4 tasks, SLURMDIST_SHARE_DEVICES=1: every task sees both GPUs, so two ranks
+    # land on each; NCCL would fail at the first collective ("Duplicate GPU detected").
+    for local_rank in range(4):
+        environ = {**case("slurm/srun_gpus_per_node2")[0], "SLURMDIST_SHARE_DEVICES": "1"}
+        for backend in ("nccl", "cpu:gloo,cuda:nccl"):
+            with pytest.raises(BackendError, match=r"SLURMDIST_SHARE_DEVICES=1 puts the node's 4 ranks on its 2 "
+                                                   r"GPU\(s\) \(SLURM_GPUS_ON_NODE=2.*NCCL refuses.*"
+                                                   r"backend='gloo', device='cuda'"):
+                plan("cuda", local_rank, 4, 2, environ, task_is_rank=True, backend=backend)
+        assert plan("cuda", local_rank, 4, 2, environ, task_is_rank=True, backend="gloo").ordinal == local_rank % 2
+    # Ranks that each see other GPUs share none, whatever the counts: jsrun -g1 (no Slurm GPU count), or tasks
+    # left part of the node's GPUs.
+    jsrun_rank = {"CUDA_VISIBLE_DEVICES": "3", "SLURMDIST_SHARE_DEVICES": "1"}
+    assert plan("cuda", 3, 6, 1, jsrun_rank, backend="nccl").ordinal == 0
+    part = {"CUDA_VISIBLE_DEVICES": "2,3", "SLURM_GPUS_ON_NODE": "4", "SLURMDIST_SHARE_DEVICES": "1"}
+    assert plan("cuda", 3, 4, 2, part, task_is_rank=True, backend="nccl").ordinal == 1
