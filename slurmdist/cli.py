@@ -253,7 +253,7 @@ def _run(args: argparse.Namespace) -> int:
     child_env: Dict[str, str] = dict(os.environ)
     # One bound for every wait below (the master over MPI, rank 0's store), as init() has.
     deadline = Deadline(init_timeout(args.timeout, os.environ), timeout_knob(args.timeout, "--timeout"))
-    env = resolve_master(detect(), deadline=deadline)
+    env = resolve_master(detect(), deadline=deadline, finalize_mpi=True)  # exec next: no atexit to finalize
     child_env.update(command_variables(env))
     unstartable = _unstartable(command[0], child_env.get("PATH", os.defpath))
     if unstartable is not None:  # before rank 0 listens: the others then stop at "nothing listens", not in torch

@@ -6,6 +6,7 @@ import os
 from typing import Dict, MutableMapping, Optional
 
 from .distenv import DistEnv
+from .errors import SlurmdistError
 
 
 def _require_env(env: object) -> None:
@@ -40,11 +41,23 @@ def export_env(env: DistEnv, environ: Optional[MutableMapping[str, str]] = None)
     """Set torchrun's variables in `environ` (default `os.environ`); returns what was set. A single process
     gets a free port, as `init_process_group()` over env:// needs one even then.
 
-    Besides this call, made only when asked, slurmdist writes one variable: `init()` sets gloo's
-    GLOO_SOCKET_IFNAME when it is unset (see slurmdist.interfaces).
+    A launch whose master is not known yet (MPI across nodes learns rank 0's address at the rendezvous) is an
+    error: a library reading the variables would fail later, far from the cause.
+
+    Besides this call, made only when asked, slurmdist writes two variables, each only when unset: `init()`
+    sets gloo's GLOO_SOCKET_IFNAME (see slurmdist.interfaces), and Open MPI's OMPI_MCA_btl for its own MPI_Init
+    across nodes (see slurmdist.mpi_share).
     """
     target = os.environ if environ is None else environ
     _require_env(env)
+    if env.world_size > 1 and (env.master_addr is None or env.master_port is None):
+        missing = " and ".join(name for name, value in (("MASTER_ADDR", env.master_addr),
+                                                        ("MASTER_PORT", env.master_port)) if value is None)
+        raise SlurmdistError(
+            f"export_env(): this {env.launcher} launch gives no {missing} yet (across nodes, rank 0's address is "
+            "agreed at the rendezvous, over mpi4py): export what init() returns, export_env(slurmdist.init()), "
+            "or resolve it first, export_env(slurmdist.rendezvous.resolve_master(env)) on every rank"
+        )
     if env.world_size == 1 and env.master_port is None:  # env:// wants a port even for one process
         from .hosts import free_port
 

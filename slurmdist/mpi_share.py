@@ -40,8 +40,17 @@ def mpi_comm(env: DistEnv, environ: Mapping[str, str], timeout: float = DEFAULT_
             f"Ending this process. Raise {knob} if the ranks are only slow, or set MASTER_ADDR and "
             "MASTER_PORT to skip MPI\n"
         ))
+    except RuntimeError as exc:  # mpi4py >= 4 when it cannot load the MPI library it looked for
+        raise RendezvousError(
+            f"the {env.launcher} launch needs mpi4py to share rank 0's address, but mpi4py cannot load an MPI "
+            f"library ({exc}): load the MPI the launcher belongs to in the job (module load ...), point "
+            "MPI4PY_LIBMPI at its libmpi, or set MASTER_ADDR and MASTER_PORT to skip MPI"
+        ) from None
     except ImportError as exc:
-        if env.master_addr is None:
+        if env.master_addr is None and "MASTER_PORT" in environ:
+            lacking, share, fix = "spans several nodes and gives no master address (MASTER_PORT is set, " \
+                "MASTER_ADDR is not)", "address", "MASTER_ADDR (rank 0's host)"
+        elif env.master_addr is None:
             lacking, share, fix = "spans several nodes and gives no master address", "address and port", \
                 "MASTER_ADDR and MASTER_PORT"
         elif "MASTER_ADDR" in environ:
@@ -56,12 +65,19 @@ def mpi_comm(env: DistEnv, environ: Mapping[str, str], timeout: float = DEFAULT_
             f"the {env.launcher} launch {lacking}, so slurmdist needs mpi4py to share rank 0's {share} "
             f"(pip install mpi4py against your MPI), or set {fix} yourself ({exc}).{inside_slurm}"
         ) from None
+    if MPI.Is_finalized():  # any call now would abort the process from inside MPI, with no Python error
+        raise RendezvousError(
+            f"MPI was already finalized in this process (rank {env.rank}), and MPI cannot start twice, so rank 0's "
+            "address cannot be shared over it: call slurmdist.init() before finalizing MPI, or set MASTER_ADDR and "
+            "MASTER_PORT (export_env(resolve_master(env)) before finalizing gives them)"
+        )
     comm = MPI.COMM_WORLD
     if comm.Get_size() != env.world_size or comm.Get_rank() != env.rank:
         raise RendezvousError(
             f"MPI says rank {comm.Get_rank()} of {comm.Get_size()} but the {env.launcher} variables say rank "
             f"{env.rank} of {env.world_size}: mpi4py is linked against a different MPI than the launcher "
-            "(rebuild mpi4py with the launcher's mpicc), or those variables were changed or inherited from "
+            "(point MPI4PY_LIBMPI at the launcher's libmpi, or rebuild mpi4py with its mpicc), or those variables were "
+            "changed or inherited from "
             "another launch (unset them)"
         )
     return comm
@@ -71,7 +87,7 @@ def _import_mpi(timeout: float, message: str) -> Any:
     """mpi4py.MPI, running MPI_Init on first import. MPI_Init holds the interpreter lock while it waits, so
     no thread of this process can bound it: a watcher process forked just before prints `message` and ends
     this process (SIGTERM, then SIGKILL: a Python handler cannot run inside MPI_Init) if it is still inside
-    after `timeout` seconds. ImportError when mpi4py is missing."""
+    after `timeout` seconds. ImportError when mpi4py is missing, RuntimeError when it finds no MPI library."""
     if "mpi4py.MPI" in sys.modules:
         return sys.modules["mpi4py.MPI"]
     if importlib.util.find_spec("mpi4py") is None:  # before any fork

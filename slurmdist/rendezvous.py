@@ -61,14 +61,15 @@ def verdict_grace(world_size: int) -> float:
 
 def resolve_master(
     env: DistEnv, *, environ: Optional[Mapping[str, str]] = None, timeout: Optional[float] = None,
-    deadline: Optional[Deadline] = None,
+    deadline: Optional[Deadline] = None, finalize_mpi: bool = False,
 ) -> DistEnv:
     """Fill in `master_addr`/`master_port` where `detect()` left them None, and make the address resolvable.
 
     MPI launches across nodes learn rank 0's address and a free port over mpi4py, and their node numbering
-    from the ranks' host names (every rank must call this; MPI is finalized again when this call initialised
-    it). A master name that is not in DNS is replaced by Slurm's NodeAddr. For the CLI, which exports the
-    result before starting the training process. `deadline`, when given, is one the caller's later waits share
+    from the ranks' host names (every rank must call this). MPI stays initialised for the caller (mpi4py
+    finalizes it at exit); `finalize_mpi` finalizes it again when this call initialised it, for a caller that
+    execs another program next (mpirun counts a rank that never finalized as crashed). A master name that is
+    not in DNS is replaced by Slurm's NodeAddr. `deadline`, when given, is one the caller's later waits share
     (instead of `timeout` seconds from now).
     """
     environ = os.environ if environ is None else environ
@@ -89,7 +90,7 @@ def resolve_master(
             mine = f"{env.master_addr or own_address(single_node=env.local_world_size == env.world_size)} " \
                    f"{env.master_port or free_port()}"
         env = mpi_share_master(comm, env, mine, deadline)
-        if started_mpi:  # the CLI execs the training process next: mpirun counts an unfinalized exit as a crash
+        if started_mpi and finalize_mpi:
             sys.modules["mpi4py.MPI"].Finalize()
     master_addr, _ = env.master_endpoint()
     return env.replace(master_addr=resolve_host(master_addr, environ, deadline.at_most(LOOKUP_BOUND)))

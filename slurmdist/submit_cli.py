@@ -42,7 +42,8 @@ def register(subparsers: Any) -> None:
     shape = parser.add_argument_group("job shape")
     shape.add_argument("--nodes", "-N", type=int, default=1)
     shape.add_argument("--gpus-per-node", "-G", type=int, default=0, help="one task per GPU")
-    shape.add_argument("--tasks-per-node", type=int, help="tasks per node for CPU-only jobs (default 1)")
+    shape.add_argument("--tasks-per-node", "--ntasks-per-node", type=int,
+                       help="tasks per node for CPU-only jobs (default 1)")
     shape.add_argument("--cpus-per-task", "-c", type=int)
     shape.add_argument("--time", "-t", default="60", help="time limit: minutes, HH:MM:SS or D-HH:MM:SS (default 60)")
     shape.add_argument("--partition", "-p")

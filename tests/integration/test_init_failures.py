@@ -119,6 +119,21 @@ slurmdist.init()
 """
 
 
+# The end of a worker whose group formed: every rank prints the all_reduce of its 1.
+SUM_AND_SHUT_DOWN = """
+total = torch.ones(1)
+dist.all_reduce(total)
+print("rank", env.rank, "sum", total.item(), flush=True)
+slurmdist.shutdown()
+"""
+
+
+def two_under_mpirun(*argv: str, **extra: str):
+    """`mpirun -np 2 ARGV` (as root where the tests run as root), finished."""
+    env = clean_environ(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", **extra)
+    return run([tool("mpirun"), "-np", "2", "--oversubscribe", *argv], env)
+
+
 @pytest.mark.parametrize("order, says", [
     ("slurmdist-first", "MPI_Init did not complete within 3 s on rank 0 (world size 2)"),
     ("mpi-first", "rank 0: rank 0's address was not shared over MPI within 3 s (world size 2): the other ranks "
@@ -128,9 +143,8 @@ def test_mpi_init_waiting_for_a_missing_rank_is_bounded(order, says):
     # MPI_Init (mpi4py's import, to share rank 0's port) waits for every rank and holds the interpreter lock
     # meanwhile: rank 0 must still end within its timeout, saying why, and mpirun then ends the job. Where the
     # program ran MPI_Init itself, rank 0 waits in the broadcast instead, and names the others, not itself.
-    env = clean_environ(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", SLURMDIST_INIT_TIMEOUT="3")
     started = time.monotonic()
-    result = run([tool("mpirun"), "-np", "2", "--oversubscribe", PYTHON, "-c", LATE_UNDER_MPIRUN, order], env)
+    result = two_under_mpirun(PYTHON, "-c", LATE_UNDER_MPIRUN, order, SLURMDIST_INIT_TIMEOUT="3")
     took = time.monotonic() - started
     assert result.returncode != 0
     assert says in result.stdout + result.stderr, result.stdout + result.stderr
@@ -150,22 +164,62 @@ try:
 except slurmdist.RendezvousError as error:
     print("first attempt:", error, flush=True)
     env = slurmdist.init(timeout=60)
-total = torch.ones(1)
-dist.all_reduce(total)
-print("rank", env.rank, "sum", total.item(), flush=True)
-slurmdist.shutdown()
-"""
+""" + SUM_AND_SHUT_DOWN
 
 
 def test_a_caller_that_retries_after_the_mpi_share_timed_out_ends_normally():
     # The timeout arms an MPI_Abort at exit (MPI_Finalize would wait for the missing rank); a retry that went
     # through takes it back, so the job ends as its ranks do instead of being aborted.
-    env = clean_environ(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    result = run([tool("mpirun"), "-np", "2", "--oversubscribe", PYTHON, "-c", RETRIED_UNDER_MPIRUN], env)
+    result = two_under_mpirun(PYTHON, "-c", RETRIED_UNDER_MPIRUN)
     output = result.stdout + result.stderr
     assert "first attempt:" in output and "the other ranks have not all reached" in output, output
     assert result.returncode == 0, output
     assert output.count("sum 2.0") == 2 and "MPI_ABORT" not in output, output
+
+
+RESOLVED_THEN_INIT = """
+import os, sys
+os.environ.update(OMPI_COMM_WORLD_LOCAL_SIZE="1", OMPI_COMM_WORLD_LOCAL_RANK="0")  # each rank a node of its own
+import torch, torch.distributed as dist
+import slurmdist
+from slurmdist.rendezvous import resolve_master
+env = resolve_master(slurmdist.detect(), timeout=60)
+print("rank", env.rank, "master", env.master_addr, env.master_port, flush=True)
+if sys.argv[1] == "finalize":
+    from mpi4py import MPI
+    MPI.Finalize()
+try:
+    env = slurmdist.init(timeout=60)
+except slurmdist.SlurmdistError as error:
+    print("refused:", error, flush=True)
+    sys.exit(3)
+""" + SUM_AND_SHUT_DOWN
+
+
+def test_resolve_master_leaves_mpi_to_the_caller_so_init_can_follow_it():
+    # resolve_master() (public) finalized the MPI it started, and the init() that followed aborted inside MPI
+    # with no Python error. MPI stays up now; MPI finalized by the caller is refused with a message instead.
+    result = two_under_mpirun(PYTHON, "-c", RESOLVED_THEN_INIT, "keep")
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    assert output.count("sum 2.0") == 2, output
+    result = two_under_mpirun(PYTHON, "-c", RESOLVED_THEN_INIT, "finalize")
+    output = result.stdout + result.stderr
+    assert output.count("refused: MPI was already finalized in this process") == 2, output
+    assert "MPI cannot start twice" in output and "after MPI_FINALIZE" not in output, output
+
+
+def test_an_mpi4py_that_cannot_load_its_mpi_library_is_a_rendezvous_error(tmp_path):
+    # mpi4py >= 4 raises RuntimeError when the MPI library it looks for is not there (an MPI module not loaded
+    # in the job): train.py's `except SlurmdistError` missed it, and `slurmdist run` showed a traceback.
+    missing = tmp_path / "libmpi.so.40"
+    across_nodes = "OMPI_COMM_WORLD_LOCAL_RANK=0 OMPI_COMM_WORLD_LOCAL_SIZE=1"
+    result = two_under_mpirun("-x", f"MPI4PY_LIBMPI={missing}", "bash", "-c",
+                              f"{across_nodes} {tool('slurmdist')} run -- true; echo status $?")
+    output = result.stdout + result.stderr
+    assert output.count("status 2") == 2, output
+    assert "mpi4py cannot load an MPI library" in output and str(missing) in output, output
+    assert "MPI4PY_LIBMPI" in output and "Traceback" not in output, output
 
 
 # Rank 2 checks in, starts forming the gloo group (which publishes its address), then is killed; rank 3 comes

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from slurmdist import detect, export_env, torchrun_variables
+from slurmdist import SlurmdistError, detect, export_env, torchrun_variables
 from tests.conftest import load_case
 
 
@@ -31,12 +31,21 @@ def test_a_single_process_gets_a_port_for_env_init():
     assert 0 < int(written["MASTER_PORT"]) < 65536
 
 
-def test_mpi_across_nodes_leaves_out_the_master_it_does_not_know_yet():
-    # Open MPI over several nodes: rank 0's address is agreed over mpi4py inside init(), not known here.
+def test_mpi_across_nodes_refuses_to_export_a_master_it_does_not_know_yet():
+    # Open MPI over several nodes: rank 0's address is agreed over mpi4py inside init(), not known here. A
+    # library reading the variables would fail later without them, far from the cause.
     rank = {**load_case("mpi/openmpi_np4")[1], "OMPI_COMM_WORLD_LOCAL_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "1"}
-    written = export_env(detect(rank), {})
+    target: dict = {}
+    with pytest.raises(SlurmdistError, match=r"this openmpi launch gives no MASTER_ADDR and MASTER_PORT yet .*"
+                                             r"export_env\(slurmdist.init\(\)\).*resolve_master\(env\)"):
+        export_env(detect(rank), target)
+    assert target == {}
+    # The pure mapping leaves them out, for callers that want only the ranks.
+    written = torchrun_variables(detect(rank))
     assert "MASTER_ADDR" not in written and "MASTER_PORT" not in written
     assert (written["RANK"], written["WORLD_SIZE"]) == ("1", "4")
+    resolved = detect(rank).replace(master_addr="10.0.0.7", master_port=29500)
+    assert export_env(resolved, target)["MASTER_ADDR"] == "10.0.0.7"
 
 
 def test_arguments_of_the_wrong_kind_say_what_was_expected():

@@ -238,6 +238,12 @@ def test_cli_usage_errors(capsys, args, message):
     assert re.search(message, capsys.readouterr().err)
 
 
+def test_sbatchs_own_spelling_of_tasks_per_node_is_taken(capsys):
+    # `--ntasks-per-node` is what sbatch users type; it was "unrecognized arguments".
+    assert cli.main(["sbatch", "--device", "cpu", "--ntasks-per-node", "3", "--", "python", "train.py"]) == 0
+    assert "#SBATCH --ntasks-per-node=3\n" in capsys.readouterr().out
+
+
 def test_rendered_options_follow_the_request(capsys):
     assert cli.main(["sbatch", "-N", "2", "-G", "4", "-c", "8", "-t", "2:00:00", "-p", "gpu", "-A", "proj",
                      "-J", "big-run", "--", "python", "train.py", "--lr", "0.1"]) == 0

@@ -72,6 +72,7 @@ def test_sbatch_needs_a_key():
     (["submit", "--sbatch", "time=10", "--", "true"], "'time' is set by slurmdist; instead use --time MINUTES"),
     (["submit", "--sbatch", "signal=USR1", "--", "true"], "instead use --signal NAME and --signal-delay SECONDS"),
     (["submit", "--gpus-per-node", "4", "--tasks-per-node", "2", "--", "true"], "one task per GPU"),
+    (["submit", "--gpus-per-node", "4", "--ntasks-per-node", "2", "--", "true"], "one task per GPU"),  # sbatch's name
     (["submit", "--time", "3", "--", "true"],
      "--signal-delay 120 s leaves no time to train within --time '3' (3 min)"),
     (["submit", "--time", "3", "--", "true"], "Set --time to at least 4 min, or --signal-delay to at most 119 s"),
