@@ -73,8 +73,8 @@ def stopped_because(train: ModuleType, stopped: Any, checkpoint: str) -> str:
         why = "SIGTERM came without a warning first (scancel, or a preemption)"
     else:
         why = "the warning came but the job could not be requeued (rank 0's log says why: a limit, not sbatch)"
-    return (f"training stopped at step {stopped.step}: {why}. The checkpoint {checkpoint} was saved: submit "
-            "the job again to resume from it")
+    return (f"training stopped at step {stopped.step}: {why}. The checkpoint {checkpoint} was saved: a job "
+            "Slurm requeues (PreemptMode=REQUEUE) resumes from it; else submit the job again")
 
 
 def train_seed(seed: int, steps: int, checkpoint: str) -> Dict[str, Any]:

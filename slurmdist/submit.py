@@ -631,15 +631,38 @@ def _folders_kept_only_if_submitted(folder: Path) -> Iterator[None]:
     to its first %) and writes the pickle and script there before sbatch answers, and `slurmdist submit -- ...`
     where sbatch refused left a `slurmdist-logs/` in the caller's directory. Only a folder that was not there
     before is removed, and only when nothing was queued: a submission given up on may still reach sbatch, and
-    its job needs its files."""
+    its job needs its files. In a folder that was there (the default one, after a first job), the files it
+    wrote for the job go instead."""
     fixed = submitit_folder(folder)
     made = next((path for path in reversed([fixed, *fixed.parents]) if not path.exists()), None)  # outermost
+    began = time.time()
     try:
         yield
     except SubmitError as error:
-        if made is not None and getattr(error, NOTHING_QUEUED, False):
-            shutil.rmtree(made, ignore_errors=True)
+        if getattr(error, NOTHING_QUEUED, False):
+            if made is not None:
+                shutil.rmtree(made, ignore_errors=True)
+            else:
+                _remove_submission_files(fixed, began)
         raise
+
+
+# What submitit writes into the job's folder before sbatch answers, named by a fresh uuid: the pickled call and
+# the batch script (renamed after the job id once sbatch answered).
+_SUBMISSION_FILE = re.compile(r"[0-9a-f]{32}\.pkl|\.submission_file_[0-9a-f]{32}\.sh")
+
+
+def _remove_submission_files(folder: Path, since: float) -> None:
+    """Remove the files a submission that queued nothing wrote into `folder` from `since` (epoch seconds) on;
+    other submissions' files, made before, stay."""
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return
+    for entry in entries:
+        with contextlib.suppress(OSError):
+            if _SUBMISSION_FILE.fullmatch(entry.name) and entry.stat().st_mtime >= since - CLOCK_SLACK:
+                os.unlink(entry.path)
 
 
 NOTHING_QUEUED = "nothing_queued"  # set on a SubmitError after which certainly no job exists
@@ -851,12 +874,23 @@ def results(job: Any, timeout: float, *, poll: float = 1.0) -> List[Any]:
     log's last lines when no task could report."""
     state, outcomes = _wait(job, timeout, poll)
     if outcomes is None:
-        outcomes = _read_outcomes(job, grace=result_grace(job, state))
+        # A requeued job's folder still holds the results of its run before: they say nothing of this one.
+        since = None if is_local(job) else run_start(job.job_id, timeout=SLURM_CALL_TIMEOUT)
+        outcomes = _read_outcomes(job, grace=result_grace(job, state), since=since)
     failed = [task for task, (outcome, _) in enumerate(outcomes) if outcome == "error"]
+    missing = [task for task, (outcome, _) in enumerate(outcomes) if outcome is None]
     if failed:
-        # The first task to fail is the cause; the others usually failed because it left their collectives.
+        # The first task to fail is the cause; the others usually failed because it left their collectives. A
+        # task that left no result was ended after that failure (srun --kill-on-bad-exit), or died before it
+        # without a traceback (killed, out of memory, os._exit), the others then losing it as a peer: named
+        # with srun's own lines, which tell the two apart.
         first = min(failed, key=lambda task: job.task(task).paths.result_pickle.stat().st_mtime)
         others = f" (then task(s) {sorted(set(failed) - {first})} failed too)" if len(failed) > 1 else ""
+        srun_said = _srun_said(job) if missing else ""
+        if missing:
+            which = ": srun's lines at the end say which" if srun_said else ""
+            others += (f"; task(s) {missing} left no result: ended after that failure, or died before it without "
+                       f"a Python error (killed, out of memory, os._exit){which}")
         ended = "" if state == "COMPLETED" else f"ended {state}: "  # CANCELLED, PREEMPTED, TIMEOUT say why
         log = _task_paths(job, first)[1]
         failure = command_failure(outcomes[first][1])
@@ -865,11 +899,11 @@ def results(job: Any, timeout: float, *, poll: float = 1.0) -> List[Any]:
             # plumbing, which only knows the status (and which submitit writes to the end of that log too).
             tail = _tail(log, skip="submitit ", until=CommandFailed.__name__)
             said = f"last lines of {log}:\n{tail}" if tail.strip() else f"(the command wrote nothing to its log {log})"
-            raise JobFailedError(f"job {job.job_id} {ended}task {first}{others}: {failure}\n{said}", state, job.job_id)
-        raise JobFailedError(f"job {job.job_id} {ended}task {first} raised{others}:\n{outcomes[first][1]}\n(log: {log})",
-                             state, job.job_id)
-    if any(outcome is None for outcome, _ in outcomes):
-        missing = [task for task, (outcome, _) in enumerate(outcomes) if outcome is None]
+            raise JobFailedError(f"job {job.job_id} {ended}task {first}{others}: {failure}\n{said}{srun_said}", state,
+                                 job.job_id)
+        raise JobFailedError(f"job {job.job_id} {ended}task {first} raised{others}:\n{outcomes[first][1]}\n(log: "
+                             f"{log}){srun_said}", state, job.job_id)
+    if missing:
         stdout, stderr = _task_paths(job, missing[0])
         ended = (f"Slurm no longer knows job {job.job_id} (it ended more than MinJobAge ago, 300 s by default, and "
                  "this cluster keeps no job accounting)" if state == FORGOTTEN else f"job {job.job_id} ended {state}")
@@ -903,28 +937,45 @@ def result_grace(job: Any, state: str) -> float:
     return COMPLETED_RESULT_GRACE if state == "COMPLETED" else RESULT_GRACE
 
 
-def _all_results_written(job: Any) -> bool:
-    return all(task.paths.result_pickle.exists() for task in _tasks(job))
+def _all_results_written(job: Any, since: Optional[float] = None) -> bool:
+    return all(_written_since(task.paths.result_pickle, since) for task in _tasks(job))
+
+
+def _written_since(path: Path, since: Optional[float]) -> bool:
+    """Whether `path` exists and, when `since` (a run's start, epoch seconds) is given, was written in that run."""
+    try:
+        written = path.stat().st_mtime
+    except OSError:
+        return False
+    return since is None or written >= since - CLOCK_SLACK
+
+
+def _srun_said(job: Any) -> str:
+    """srun's own lines about its tasks ('srun: error: node1: task 1: Exited with exit code 3'), from the job's
+    batch log (task 0's error file, where the batch script's srun writes), for a message; '' when none."""
+    lines = [line for line in _tail(_task_paths(job, 0)[1], lines=400).splitlines() if line.startswith("srun: error:")]
+    return "\nsrun said:" + "".join(f"\n{line}" for line in lines[-8:]) if lines else ""
 
 
 def _written_by_this_run(job: Any, deadline: float) -> bool:
     """Whether every result file is at least as new as the job's current run (True when that is unknown, or
     squeue does not say by `deadline`)."""
     started = None if is_local(job) else run_start(job.job_id, timeout=max(1.0, deadline - time.monotonic()))
-    if started is None:
-        return True
-    try:
-        return all(task.paths.result_pickle.stat().st_mtime >= started - CLOCK_SLACK for task in _tasks(job))
-    except OSError:  # a file replaced or removed meanwhile: look again at the next poll
-        return False
+    return started is None or _all_results_written(job, started)  # a file removed meanwhile: False, look again
 
 
 def run_start(job_id: str, environ: Optional[Mapping[str, str]] = None,
               timeout: float = SLURM_CALL_TIMEOUT) -> Optional[float]:
-    """When the job's current run started (seconds since the epoch), from squeue within `timeout`; None when
-    unknown."""
-    proc = _slurm_call(["squeue", "-h", "-j", job_id, "-o", "%S"], environ, time.monotonic() + timeout)
-    return parse_start(proc.stdout) if proc is not None and proc.returncode == 0 else None
+    """When the job's current (or, once it ended, last) run started, in seconds since the epoch: from squeue
+    while slurmctld remembers the job, else from sacct, both within `timeout`; None when unknown."""
+    deadline = time.monotonic() + timeout
+    for command in (["squeue", "-h", "-t", "all", "-j", job_id, "-o", "%S"],
+                    ["sacct", "-n", "-X", "-P", "-o", "Start", "-j", job_id]):
+        proc = _slurm_call(command, environ, deadline)
+        started = parse_start(proc.stdout) if proc is not None and proc.returncode == 0 else None
+        if started is not None:
+            return started
+    return None
 
 
 def parse_start(output: str) -> Optional[float]:
@@ -937,17 +988,19 @@ def parse_start(output: str) -> Optional[float]:
         return None
 
 
-def _read_outcomes(job: Any, grace: float) -> List[Tuple[Optional[str], Any]]:
-    """(outcome, value) per task: ('success', result), ('error', traceback text) or (None, None)."""
+def _read_outcomes(job: Any, grace: float, since: Optional[float] = None) -> List[Tuple[Optional[str], Any]]:
+    """(outcome, value) per task: ('success', result), ('error', traceback text) or (None, None), the last also
+    for a result written before `since` (the start of the job's last run: a requeued job's earlier run)."""
     from submitit.core.utils import pickle_load
 
     deadline = time.monotonic() + grace
-    while not _all_results_written(job) and time.monotonic() < deadline:
+    while not _all_results_written(job, since) and time.monotonic() < deadline:
         time.sleep(0.2)
     outcomes: List[Tuple[Optional[str], Any]] = []
     for task in _tasks(job):
         path = task.paths.result_pickle
-        outcomes.append(tuple(pickle_load(path)) if path.exists() else (None, None))  # type: ignore[arg-type]
+        fresh = _written_since(path, since)
+        outcomes.append(tuple(pickle_load(path)) if fresh else (None, None))  # type: ignore[arg-type]
     return outcomes
 
 

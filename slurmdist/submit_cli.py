@@ -103,10 +103,12 @@ def in_option_terms(message: str) -> str:
 
 def cli_mem(text: Optional[str]) -> Optional[str]:
     """--mem as typed. A bare number is refused: in Python `mem=32` means 32 GiB, but sbatch's own --mem=32
-    means 32 MB, and a user of either would get the other's meaning from it."""
-    if text is not None and re.fullmatch(r"\s*[0-9]+(\.[0-9]*)?\s*", text):
+    means 32 MB, and a user of either would get the other's meaning from it. 0 is all of the node's memory to
+    sbatch, whatever the unit, and passes."""
+    if text is not None and re.fullmatch(r"\s*[0-9]+(\.[0-9]*)?\s*", text) and text.strip().strip("0"):
         raise SlurmdistError(f"--mem {text.strip()} has no unit: sbatch reads a bare number as megabytes, slurmdist's "
-                             "Python API as gibibytes. Write the unit, e.g. --mem 32G or --mem 500M")
+                             "Python API as gibibytes. Write the unit, e.g. --mem 32G or --mem 500M (0: all of "
+                             "the node's memory)")
     return text
 
 

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -471,6 +472,24 @@ def test_a_refused_submission_leaves_no_empty_log_folders_behind(tmp_path, monke
     assert sorted(path.name for path in work.iterdir()) == ["runs"] and not any((work / "runs").iterdir())
 
 
+def test_a_refused_submission_into_a_folder_that_was_there_removes_the_files_it_wrote(tmp_path, monkeypatch):
+    # The default slurmdist-logs/ after a first job: every refused submission left a <uuid>.pkl and a hidden
+    # .submission_file_<uuid>.sh in it. Files that were there before stay.
+    import slurmdist.submit as submit
+
+    fake_submitting_tools(tmp_path, monkeypatch, 'echo "sbatch: error: invalid partition specified: nope" >&2; exit 1')
+    logs = tmp_path / "slurmdist-logs"
+    logs.mkdir()
+    kept = [logs / "17_0_log.out", logs / f"{'a' * 32}.pkl"]  # a job's log; another submission's pickle, older
+    for path in kept:
+        path.write_text("before")
+        os.utime(path, (time.time() - 600, time.time() - 600))
+    for _ in range(2):
+        with pytest.raises(SubmitError, match="invalid partition"):
+            submit.Submitter(cluster="slurm", folder=logs, partition="nope").submit(print)
+    assert sorted(logs.iterdir()) == sorted(kept)
+
+
 class SlowToPickle:
     """An argument that takes its time to pickle (large, onto a slow file system)."""
 
@@ -721,12 +740,88 @@ def test_a_job_slurm_has_forgotten_ends_the_wait_and_says_so(tmp_path, monkeypat
         paths=SimpleNamespace(result_pickle=task(index).paths.result_pickle, stdout=tmp_path / "out",
                               stderr=tmp_path / "err"))
     monkeypatch.setattr(submit, "RESULT_GRACE", 0.1)
-    monkeypatch.setattr(submit, "_read_outcomes", lambda job, grace: [("success", 1), (None, None)])
+    monkeypatch.setattr(submit, "_read_outcomes", lambda job, grace, **_: [("success", 1), (None, None)])
     began = time.monotonic()
     with pytest.raises(submit.JobFailedError, match=r"Slurm no longer knows job 42 \(it ended more than MinJobAge "
                                                     r"ago.*task\(s\) \[1\] left no result") as failed:
         submit.results(job, timeout=600, poll=0.05)
     assert failed.value.state == submit.FORGOTTEN and time.monotonic() - began < 30  # not the whole timeout
+
+
+class EndedTasks(FinishedTasks):
+    """FinishedTasks with the log files results() reads: task 0's error file is the batch log srun writes to."""
+
+    def task(self, index):
+        return SimpleNamespace(paths=SimpleNamespace(result_pickle=self.folder / f"42_{index}_result.pkl",
+                                                     stdout=self.folder / f"42_{index}_log.out",
+                                                     stderr=self.folder / f"42_{index}_log.err"))
+
+
+def ended_failed(tmp_path, monkeypatch, srun_said: str, tasks: int = 4) -> EndedTasks:
+    import slurmdist.submit as submit
+
+    monkeypatch.setattr(submit, "job_state", lambda job, **_: "FAILED")
+    monkeypatch.setattr(submit, "RESULT_GRACE", 0.1)
+    import pickle
+
+    job = EndedTasks(tmp_path, tasks=tasks)
+    for task in range(tasks):
+        job.task(task).paths.result_pickle.write_bytes(pickle.dumps(("error", f"RuntimeError: task {task} lost a peer")))
+    job.task(0).paths.stderr.write_text(f"some output\n{srun_said}")
+    return job
+
+
+def test_a_task_that_died_without_a_result_is_named_with_what_srun_said(tmp_path, monkeypatch):
+    # Rank 1 killed (out of memory, os._exit): it writes nothing, and the ranks in a collective with it raise
+    # "Connection reset by peer". The message blamed one of those and never named task 1; srun's lines say
+    # which task died first and which it ended after (Terminated).
+    import slurmdist.submit as submit
+
+    job = ended_failed(tmp_path, monkeypatch, "srun: error: node1: task 1: Exited with exit code 3\n"
+                                              "srun: error: node1: task 0: Terminated\n")
+    job.task(1).paths.result_pickle.unlink()
+    monkeypatch.setattr(submit, "run_start", lambda job_id, **_: None)  # unknown: every file counts
+    with pytest.raises(submit.JobFailedError) as failed:
+        submit.results(job, timeout=30, poll=0.05)
+    said = str(failed.value)
+    assert said.startswith("job 42 ended FAILED: task 0 raised (then task(s) [2, 3] failed too); task(s) [1] left no "
+                           "result: ended after that failure, or died before it without a Python error (killed, out "
+                           "of memory, os._exit): srun's lines at the end say which:\nRuntimeError: task 0 lost a "
+                           "peer\n"), said
+    assert said.endswith("_log.err)\nsrun said:\nsrun: error: node1: task 1: Exited with exit code 3\nsrun: error: "
+                         "node1: task 0: Terminated"), said
+
+
+def test_results_of_a_requeued_job_leave_out_the_files_its_run_before_wrote(tmp_path, monkeypatch):
+    # Preempted, its ranks 1..3 raised ("they fail in their next collective") and wrote error files; requeued,
+    # rank 2 was killed in the new run and rank 1 raised. The old files blamed the preemption's traceback.
+    import pickle
+
+    import slurmdist.submit as submit
+
+    job = ended_failed(tmp_path, monkeypatch, "srun: error: node2: task 2: Killed\n")
+    old = job.task(0).paths.result_pickle.stat().st_mtime - 600
+    for task in (0, 2, 3):
+        os.utime(job.task(task).paths.result_pickle, (old, old))
+    job.task(1).paths.result_pickle.write_bytes(pickle.dumps(("error", "RendezvousError: rank 2 never arrived")))
+    monkeypatch.setattr(submit, "run_start", lambda job_id, **_: old + 300)
+    with pytest.raises(submit.JobFailedError) as failed:
+        submit.results(job, timeout=30, poll=0.05)
+    said = str(failed.value)
+    assert said.startswith("job 42 ended FAILED: task 1 raised; task(s) [0, 2, 3] left no result"), said
+    assert ":\nRendezvousError: rank 2 never arrived\n" in said and said.endswith("\nsrun: error: node2: task 2: Killed")
+
+
+def test_run_start_asks_for_a_job_that_ended_too_then_accounting(tmp_path, monkeypatch):
+    # Plain `squeue -j` lists no job that ended; `-t all` does while slurmctld remembers it, sacct after that.
+    import slurmdist.submit as submit
+
+    fake_slurm(tmp_path, monkeypatch, squeue='case "$*" in *"-t all"*) echo 2026-11-29T17:55:33;; esac',
+               sacct="exit 1")
+    assert submit.run_start("42") == datetime.fromisoformat("2026-11-29T17:55:33").timestamp()
+    (tmp_path / "bin").rename(tmp_path / "old-bin")
+    fake_slurm(tmp_path, monkeypatch, squeue="exit 0", sacct="echo 2026-11-29T17:40:00")
+    assert submit.run_start("42") == datetime.fromisoformat("2026-11-29T17:40:00").timestamp()
 
 
 def test_a_local_jobs_timeout_says_how_to_stop_it_there():

@@ -50,6 +50,8 @@ def test_the_command_keeps_its_own_options_and_odd_characters():
 def test_memory_with_a_unit_passes_as_typed():
     assert submitter_options(parse("--mem", "32G", "--", "true"))["mem"] == "32G"
     assert submitter_options(parse("--", "true"))["mem"] is None
+    # 0 is sbatch's "all of the node's memory", unit or not, as docs/submit.md says and mem="0" takes.
+    assert submitter_options(parse("--mem", "0", "--", "true"))["mem"] == "0"
 
 
 def test_sbatch_needs_a_key():
