@@ -34,7 +34,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-import torch
+# Slurm's warning (SIGUSR2) or a SIGTERM may come while torch imports (seconds, more as the ranks start
+# together): with no handler yet, either would end the process, saving nothing. Held until main() has its
+# handlers, which then hear them (`replay_held_signals`). As a script only: an importer has its own handlers.
+HELD_SIGNALS: List[int] = []
+if __name__ == "__main__":
+    for held in (signal.SIGUSR2, signal.SIGTERM):
+        signal.signal(held, lambda signum, frame: HELD_SIGNALS.append(signum))
+
+import torch  # noqa: E402  # after the handlers above, on purpose
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DistributedSampler, TensorDataset
@@ -364,6 +372,12 @@ def train(args: argparse.Namespace, env: slurmdist.DistEnv, request: Request) ->
             "steps": state.step, "launcher": env.launcher}
 
 
+def replay_held_signals() -> None:
+    """Deliver the signals that came before main() installed its handlers (see HELD_SIGNALS), to them."""
+    while HELD_SIGNALS:
+        signal.raise_signal(HELD_SIGNALS.pop(0))
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     request: Request = CheckpointRequest()
@@ -371,6 +385,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if args.requeue:  # reads the launch too (its rank): the batch-script mistake is caught here first
             request = RequeueAfterSave(slurmdist.requeue.install(CHECKPOINT_SIGNAL))
         request.install()
+        replay_held_signals()
         env = slurmdist.init(backend=args.backend)
     except slurmdist.SlurmdistError as error:  # a launch mistake: say what to do, no traceback
         print(f"train.py: {error}", file=sys.stderr)

@@ -26,16 +26,15 @@ set -euo pipefail
 # each task to one core.)
 if [[ -n ${SLURM_CPUS_PER_TASK:-} ]]; then export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK; fi
 
-# sbatch starts the script in the submit directory; make that explicit so relative paths are stable.
-cd "${SLURM_SUBMIT_DIR:-.}"
-# The paths below are relative to the repository root: say so, not "can't open file" once per task.
-[[ -f examples/train.py ]] || {
-    echo "train_2n4g.sh: run sbatch from the repository root (there is no examples/train.py in $PWD)" >&2
-    exit 2
-}
 # Run by sbatch (or inside salloc), not on its own: what follows reads the job's variables.
 [[ -n ${SLURM_JOB_ID:-} ]] || {
     echo "train_2n4g.sh: submit it with sbatch (sbatch sbatch/train_2n4g.sh); run as a plain script it is in no job" >&2
+    exit 2
+}
+# sbatch starts the script in the submit directory (or --chdir's), which holds the paths below: say so
+# when it does not, not "can't open file" once per task.
+[[ -f examples/train.py ]] || {
+    echo "train_2n4g.sh: run sbatch from the repository root, or give it --chdir=ROOT (there is no examples/train.py in $PWD)" >&2
     exit 2
 }
 

@@ -16,15 +16,15 @@
 #SBATCH --output=%x-%j.out        # %x = job name, %j = job id; the directory must already exist
 
 set -euo pipefail
-cd "${SLURM_SUBMIT_DIR:-.}"
-# The paths below are relative to the repository root: say so, not "can't open file" once per task.
-[[ -f examples/train.py ]] || {
-    echo "train_mpirun.sh: run sbatch from the repository root (there is no examples/train.py in $PWD)" >&2
-    exit 2
-}
 # Run by sbatch (or inside salloc), not on its own: what follows reads the job's variables.
 [[ -n ${SLURM_JOB_ID:-} ]] || {
     echo "train_mpirun.sh: submit it with sbatch (sbatch sbatch/train_mpirun.sh); run as a plain script it is in no job" >&2
+    exit 2
+}
+# sbatch starts the script in the submit directory (or --chdir's), which holds the paths below: say so
+# when it does not, not "can't open file" once per task.
+[[ -f examples/train.py ]] || {
+    echo "train_mpirun.sh: run sbatch from the repository root, or give it --chdir=ROOT (there is no examples/train.py in $PWD)" >&2
     exit 2
 }
 

@@ -12,7 +12,9 @@
 #SBATCH --gpus-per-node=4         # all four GPUs of a node go to its single task (and so to torchrun)
 #SBATCH --cpus-per-task=32        # the task holds the cores of all its workers: about all the node's cores
 #SBATCH --time=00:30:00           # hh:mm:ss
+#SBATCH --requeue                 # after a node failure or preemption, run again (and resume)
 #SBATCH --output=%x-%j.out        # %x = job name, %j = job id; the directory must already exist
+#SBATCH --open-mode=append        # a requeued run adds to the log (Slurm would start it afresh)
 # No --signal here: torchrun's agent does not hand SIGUSR2 on to its workers, and dies of it.
 
 set -euo pipefail
@@ -21,15 +23,15 @@ set -euo pipefail
 # set it. (Without -c, srun already gives the step every CPU of the allocation: forcing 1 would pin
 # each task to one core.)
 if [[ -n ${SLURM_CPUS_PER_TASK:-} ]]; then export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK; fi
-cd "${SLURM_SUBMIT_DIR:-.}"
-# The paths below are relative to the repository root: say so, not "can't open file" once per task.
-[[ -f examples/train.py ]] || {
-    echo "train_torchrun.sh: run sbatch from the repository root (there is no examples/train.py in $PWD)" >&2
-    exit 2
-}
 # Run by sbatch (or inside salloc), not on its own: what follows reads the job's variables.
 [[ -n ${SLURM_JOB_ID:-} ]] || {
     echo "train_torchrun.sh: submit it with sbatch (sbatch sbatch/train_torchrun.sh); run as a plain script it is in no job" >&2
+    exit 2
+}
+# sbatch starts the script in the submit directory (or --chdir's), which holds the paths below: say so
+# when it does not, not "can't open file" once per task.
+[[ -f examples/train.py ]] || {
+    echo "train_torchrun.sh: run sbatch from the repository root, or give it --chdir=ROOT (there is no examples/train.py in $PWD)" >&2
     exit 2
 }
 
@@ -38,6 +40,16 @@ TRAIN_STEPS=${TRAIN_STEPS:-200}
 TRAIN_DIR=${TRAIN_DIR:-runs/${SLURM_JOB_NAME}-${SLURM_JOB_ID}}
 NPROC_PER_NODE=${NPROC_PER_NODE:-${SLURM_GPUS_ON_NODE:-4}}  # workers per node: one per GPU
 [[ $NPROC_PER_NODE =~ ^[1-9][0-9]*$ ]] || { echo "NPROC_PER_NODE must be a number, got '$NPROC_PER_NODE'" >&2; exit 2; }
+# More workers than the node's GPUs would stack them: slurmdist.init() refuses that in every worker, later.
+if [[ -n ${SLURM_GPUS_ON_NODE:-} ]] && ((NPROC_PER_NODE > SLURM_GPUS_ON_NODE)); then
+    echo "train_torchrun.sh: NPROC_PER_NODE=$NPROC_PER_NODE workers per node, but the job has $SLURM_GPUS_ON_NODE GPU(s) per node (--gpus-per-node)" >&2
+    exit 2
+fi
+# One srun task per node: each is a torchrun agent, and two on a node would both host its rendezvous port.
+[[ ${SLURM_TASKS_PER_NODE:-1} =~ ^1(\(x[0-9]+\))?$ ]] || {
+    echo "train_torchrun.sh: one task per node (--ntasks-per-node=1), got SLURM_TASKS_PER_NODE=$SLURM_TASKS_PER_NODE: torchrun starts the workers, NPROC_PER_NODE of them" >&2
+    exit 2
+}
 mkdir -p "$TRAIN_DIR"
 
 # The c10d rendezvous is hosted by the agent on the job's first node. Use Slurm's NodeAddr for it: the node

@@ -337,10 +337,11 @@ def render(spec: JobSpec) -> str:
         # Site scripts (module, conda's and venv's activate) often read unset variables: not under set -u. The
         # lines stand as typed, one command each: indented, a heredoc's end marker would not end it, and grouped,
         # bash would parse them all before a `shopt -s extglob` among them ran (shellcheck: see the header).
-        lines += ["# --setup, here in the batch script; the tasks srun starts inherit what it sets up.", "set +u",
-                  *spec.setup, "set -u"]
+        # Back to where sbatch started the script (the submit directory, or --chdir's) after them: a setup line
+        # may cd elsewhere.
+        lines += ["# --setup, here in the batch script; the tasks srun starts inherit what it sets up.",
+                  "job_dir=$PWD", "set +u", *spec.setup, "set -u", 'cd "$job_dir"']
     lines += [
-        'cd "${SLURM_SUBMIT_DIR:-.}"',
         'echo "job $SLURM_JOB_ID: $SLURM_NNODES node(s) ($SLURM_JOB_NODELIST), $SLURM_NTASKS task(s)"',
         "",
     ]

@@ -105,8 +105,41 @@ def test_a_rendered_script_run_with_bash_says_to_submit_it(tmp_path):
 def test_a_job_submitted_from_elsewhere_is_told_where_to_submit_from(path, tmp_path):
     # Slurm starts the script in the submit directory (SLURM_SUBMIT_DIR): here one without the repository.
     done = subprocess.run(["bash", str(path)], cwd=tmp_path, capture_output=True, text=True, timeout=TIMEOUT,
-                          env={"PATH": "/usr/bin:/bin", "SLURM_SUBMIT_DIR": str(tmp_path)})
+                          env={"PATH": "/usr/bin:/bin", "SLURM_SUBMIT_DIR": str(tmp_path), "SLURM_JOB_ID": "7"})
     assert done.returncode == 2, done.stderr
     where = f"there is no examples/train.py in {tmp_path}"
-    assert done.stderr == f"{path.name}: run sbatch from the repository root ({where})\n"
+    assert done.stderr == f"{path.name}: run sbatch from the repository root, or give it --chdir=ROOT ({where})\n"
     assert list(tmp_path.iterdir()) == []  # before it makes runs/ there
+
+
+@pytest.mark.parametrize("path", JOB_SCRIPTS, ids=lambda p: p.name)
+def test_a_job_that_sbatch_chdir_started_in_the_repository_runs_there(path, tmp_path):
+    # `sbatch --chdir=ROOT sbatch/...` from elsewhere: sbatch starts the script in ROOT. The scripts cd'd to
+    # SLURM_SUBMIT_DIR and then said to submit from the repository root.
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    for name in ("srun", "mpirun", "scontrol"):
+        (tools / name).write_text(f'#!/bin/sh\necho "{name} started in $PWD"\n')
+        (tools / name).chmod(0o755)
+    env = {"PATH": f"{tools}:/usr/bin:/bin", "SLURM_SUBMIT_DIR": str(tmp_path), "SLURM_JOB_ID": "7",
+           "SLURM_JOB_NAME": "job", "SLURM_ARRAY_JOB_ID": "7", "SLURM_ARRAY_TASK_ID": "0", "SLURM_JOB_NODELIST": "node1",
+           "SLURM_JOB_NUM_NODES": "1", "SLURM_NNODES": "1", "SLURM_NTASKS": "1",
+           "TRAIN_DIR": str(tmp_path / "runs")}
+    done = subprocess.run(["bash", str(path)], cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT, env=env)
+    assert "repository root" not in done.stderr, done.stderr
+    assert f"started in {REPO}" in done.stdout, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("layout, says", [
+    ({"SLURM_TASKS_PER_NODE": "2(x2)"}, "one task per node (--ntasks-per-node=1), got SLURM_TASKS_PER_NODE=2(x2)"),
+    ({"NPROC_PER_NODE": "5", "SLURM_GPUS_ON_NODE": "4"},
+     "NPROC_PER_NODE=5 workers per node, but the job has 4 GPU(s) per node"),
+])
+def test_the_torchrun_script_refuses_a_layout_torchrun_would_fail_on_later(layout, says, tmp_path):
+    # Two agents on a node both host the rendezvous port (EADDRINUSE); more workers than GPUs stack them.
+    env = {"PATH": "/usr/bin:/bin", "SLURM_JOB_ID": "7", "SLURM_JOB_NAME": "job", "TRAIN_DIR": str(tmp_path / "runs"),
+           **layout}
+    done = subprocess.run(["bash", "sbatch/train_torchrun.sh"], cwd=REPO, capture_output=True, text=True,
+                          timeout=TIMEOUT, env=env)
+    assert done.returncode == 2 and done.stderr.startswith(f"train_torchrun.sh: {says}"), done.stderr
+    assert not (tmp_path / "runs").exists()  # before it makes its run folder

@@ -230,3 +230,36 @@ def test_submit_train_says_why_training_stopped_early_not_a_tuple(train, status,
     spec.loader.exec_module(submit_train)
     said = submit_train.stopped_because(train, train.Stopped(42, status), "runs/c.pt")
     assert said.startswith(f"training stopped at step 42: {why}") and "runs/c.pt was saved" in said
+
+
+# train.py run as a script, with `signum` sent to it the moment it starts importing torch (a warning that
+# lands during start-up, as with a short --time or a preemption right after the job starts).
+SIGNAL_WHILE_TORCH_IMPORTS = """
+import importlib.abc, os, runpy, signal, sys
+train, signum = sys.argv[1], int(sys.argv[2])
+class SignalAtTorchImport(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name == "torch":
+            sys.meta_path.remove(self)
+            os.kill(os.getpid(), signum)
+        return None
+sys.meta_path.insert(0, SignalAtTorchImport())
+sys.argv = [train, *sys.argv[3:]]
+runpy.run_path(train, run_name="__main__")
+"""
+
+
+@pytest.mark.parametrize("signum, status, says", [
+    (signal.SIGUSR2, 0, "step 3/3"),  # saved at the next step, then trained on
+    (signal.SIGTERM, 143, "SIGTERM: stopped at step 1"),  # saved at the first step, then stopped
+])
+def test_a_signal_during_the_torch_import_is_held_for_the_handlers(tmp_path, signum, status, says):
+    # The handlers are installed in main(), after `import torch` (seconds): a warning then killed the task.
+    environ = {name: value for name, value in os.environ.items()
+               if not (name.startswith(LAUNCHER_PREFIXES) or name in LAUNCHER_NAMES)}
+    checkpoint = tmp_path / "ckpt.pt"
+    done = subprocess.run([sys.executable, "-c", SIGNAL_WHILE_TORCH_IMPORTS, str(TRAIN), str(int(signum)),
+                           "--steps", "3", "--log-every", "1", "--checkpoint", str(checkpoint)],
+                          capture_output=True, text=True, timeout=120, env=environ)
+    assert done.returncode == status, done.stdout + done.stderr
+    assert says in done.stdout and checkpoint.exists(), done.stdout + done.stderr
