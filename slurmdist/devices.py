@@ -272,16 +272,18 @@ def _refuse_stacked_for_nccl(local_world_size: int, device_count: int, environ: 
                              task_is_rank: bool) -> None:
     """NCCL takes one rank per GPU in a group: a second rank on a GPU fails at the group's first collective
     ("Duplicate GPU detected", ncclInvalidUsage), after the whole job met. Refused only where stacking is
-    certain: this rank sees all the node's GPUs (SLURM_GPUS_ON_NODE), so its neighbours see the same ones. Ranks
-    that each see other GPUs (jsrun -g1, a wrapper narrowing each rank) share no GPU, whatever the counts say."""
+    certain: more ranks on the node than the node has GPUs (SLURM_GPUS_ON_NODE) and than this rank sees (a
+    rank that sees more GPUs than Slurm counts, visibility widened by hand, picks one of its own). Ranks of a
+    launcher that narrows each to a GPU of its own (jsrun -g1, a wrapper) share none, whatever their counts say,
+    and no Slurm count is there to compare with."""
     on_node = _gpus_on_node("cuda", environ)
-    if local_world_size <= device_count or on_node is None or device_count < on_node:
+    if on_node is None or local_world_size <= max(on_node, device_count):
         return
     raise BackendError(
-        f"{SHARE_VARIABLE}=1 puts the node's {local_world_size} ranks on its {device_count} GPU(s) "
+        f"{SHARE_VARIABLE}=1 puts the node's {local_world_size} ranks on its {on_node} GPU(s) "
         f"(SLURM_GPUS_ON_NODE={on_node}, {visibility('cuda', environ)}), but NCCL refuses two ranks of one group on "
         f"one GPU: the first collective would fail with 'Duplicate GPU detected'. Start one rank per GPU "
-        f"({_one_each('cuda', device_count, task_is_rank)}), or share the GPUs over gloo, which can but is slower: "
+        f"({_one_each('cuda', on_node, task_is_rank)}), or share the GPUs over gloo, which can but is slower: "
         "slurmdist.init(backend='gloo', device='cuda')"
     )
 

@@ -342,3 +342,10 @@ def test_ranks_sharing_gpus_are_refused_under_nccl_before_the_rendezvous(case):
     assert plan("cuda", 3, 6, 1, jsrun_rank, backend="nccl").ordinal == 0
     part = {"CUDA_VISIBLE_DEVICES": "2,3", "SLURM_GPUS_ON_NODE": "4", "SLURMDIST_SHARE_DEVICES": "1"}
     assert plan("cuda", 3, 4, 2, part, task_is_rank=True, backend="nccl").ordinal == 1
+    # One GPU per socket left to each task (--gpu-bind=closest), two sockets, four tasks: two share each GPU.
+    closest = {"CUDA_VISIBLE_DEVICES": "1", "SLURM_GPUS_ON_NODE": "2", "SLURMDIST_SHARE_DEVICES": "1"}
+    with pytest.raises(BackendError, match=r"puts the node's 4 ranks on its 2 GPU\(s\)"):
+        plan("cuda", 3, 4, 1, closest, task_is_rank=True, backend="nccl")
+    # All of the node's GPUs visible although Slurm counts fewer (visibility widened by hand): one each.
+    wide = {"CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7", "SLURM_GPUS_ON_NODE": "2"}
+    assert plan("cuda", 3, 4, 8, wide, task_is_rank=True, backend="nccl").ordinal == 3
