@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
 import shlex
-from typing import Callable, List, Sequence
+from typing import Any, Callable, List, Sequence
 
 from .errors import SlurmdistError
 
@@ -21,3 +22,16 @@ def command_words(words: Sequence[str], who: str, usage: str,
         raise error(f"{who} -- {shlex.join(command)}: the command's name is empty: a shell variable such as "
                     "\"$PYTHON\" that is unset or empty (in the job script, or this shell)? Give the program to run first")
     return command
+
+
+class _TasksPerNodeOnly(argparse.Action):
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: Any = None) -> None:
+        raise argparse.ArgumentError(self, "slurmdist asks for the job's shape as nodes x tasks per node: give "
+                                           "--tasks-per-node N with --nodes M (M x N tasks in all)")
+
+
+def refuse_ntasks(parser: Any) -> None:
+    """Refuse sbatch's `--ntasks`/`-n` by name: argparse would read `--ntasks 8` as an abbreviation of
+    `--ntasks-per-node 8` and ask for 8 tasks on every node."""
+    parser.add_argument("--ntasks", "-n", action=_TasksPerNodeOnly, help=argparse.SUPPRESS)

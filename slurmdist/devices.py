@@ -86,8 +86,7 @@ def narrowed_per_task(
         return True
     if device_count != 1:
         return False
-    step_gpus = environ.get("SLURM_STEP_GPUS") or environ.get("SLURM_JOB_GPUS")
-    if step_gpus is not None and len([g for g in step_gpus.split(",") if g.strip()]) > 1:
+    if _listed(environ.get("SLURM_STEP_GPUS") or environ.get("SLURM_JOB_GPUS") or "") > 1:
         return True
     on_node = environ.get("SLURM_GPUS_ON_NODE", "")
     return (whole_number(on_node) or 0) > 1
@@ -166,10 +165,15 @@ def _set_once_for_all_tasks(device_type: str, local_rank: int, environ: Mapping[
         return None
     if device_type == "npu":
         return "ASCEND_RT_VISIBLE_DEVICES" if _chosen_npus(environ) == ["0"] else None
-    step_gpus = environ.get("SLURM_STEP_GPUS") or environ.get("SLURM_JOB_GPUS") or ""
-    if gpus_per_task(environ) == 1 or len([g for g in step_gpus.split(",") if g.strip()]) < 2:
+    # The step's own list only: Slurm narrows it with each task's binding, never the job's.
+    if gpus_per_task(environ) == 1 or _listed(environ.get("SLURM_STEP_GPUS", "")) < 2:
         return None
     return next((name for name in VISIBILITY_VARIABLES["cuda"] if environ.get(name, "").strip() == "0"), None)
+
+
+def _listed(devices: str) -> int:
+    """How many devices a comma-separated list (SLURM_STEP_GPUS='0,1') names, empty pieces left out."""
+    return len([device for device in devices.split(",") if device.strip()])
 
 
 def _expanded_in_the_batch_step(device_type: str, local_rank: int, variable: str,
@@ -181,8 +185,8 @@ def _expanded_in_the_batch_step(device_type: str, local_rank: int, variable: str
         f"`{variable}=$SLURM_LOCALID` written in the batch script (an export, or inside srun bash -c \"...\" in "
         "double quotes) gives every task: it expands once, in the batch step, whose SLURM_LOCALID is 0, so all "
         f"the node's ranks would share {kind} 0. Set it in each task instead, in single quotes: srun bash -c "
-        f"'{variable}=$SLURM_LOCALID exec python train.py'{slurm_way}; or, if they are meant to share it, set "
-        f"{SHARE_VARIABLE}=1"
+        f"'{variable}=$SLURM_LOCALID exec python train.py'{slurm_way}. If they are meant to share it, or a per-rank "
+        f"wrapper gave this rank {kind} 0 on purpose, set {SHARE_VARIABLE}=1"
     )
 
 

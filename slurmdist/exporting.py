@@ -41,8 +41,9 @@ def export_env(env: DistEnv, environ: Optional[MutableMapping[str, str]] = None)
     """Set torchrun's variables in `environ` (default `os.environ`); returns what was set. A single process
     gets a free port, as `init_process_group()` over env:// needs one even then.
 
-    A launch whose master is not known yet (MPI across nodes learns rank 0's address at the rendezvous) is an
-    error: a library reading the variables would fail later, far from the cause.
+    A launch whose master is not known yet is an error (an MPI launch across nodes, or MPICH's and the other
+    PMI launchers' even on one node, agrees on rank 0's address and port at the rendezvous): a library reading
+    the variables would fail later, far from the cause. `torchrun_variables()` gives the ranks alone.
 
     Besides this call, made only when asked, slurmdist writes two variables, each only when unset: `init()`
     sets gloo's GLOO_SOCKET_IFNAME (see slurmdist.interfaces), and Open MPI's OMPI_MCA_btl for its own MPI_Init
@@ -54,9 +55,10 @@ def export_env(env: DistEnv, environ: Optional[MutableMapping[str, str]] = None)
         missing = " and ".join(name for name, value in (("MASTER_ADDR", env.master_addr),
                                                         ("MASTER_PORT", env.master_port)) if value is None)
         raise SlurmdistError(
-            f"export_env(): this {env.launcher} launch gives no {missing} yet (across nodes, rank 0's address is "
-            "agreed at the rendezvous, over mpi4py): export what init() returns, export_env(slurmdist.init()), "
-            "or resolve it first, export_env(slurmdist.rendezvous.resolve_master(env)) on every rank"
+            f"export_env(): this {env.launcher} launch gives no {missing} yet (an MPI launch agrees on rank 0's "
+            "address and port at the rendezvous, over mpi4py): export what init() returns, "
+            "export_env(slurmdist.init()), or resolve it first, export_env(slurmdist.rendezvous.resolve_master(env)) "
+            "on every rank; torchrun_variables(env) gives the ranks alone"
         )
     if env.world_size == 1 and env.master_port is None:  # env:// wants a port even for one process
         from .hosts import free_port

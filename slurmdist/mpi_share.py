@@ -40,11 +40,18 @@ def mpi_comm(env: DistEnv, environ: Mapping[str, str], timeout: float = DEFAULT_
             f"Ending this process. Raise {knob} if the ranks are only slow, or set MASTER_ADDR and "
             "MASTER_PORT to skip MPI\n"
         ))
-    except RuntimeError as exc:  # mpi4py >= 4 when it cannot load the MPI library it looked for
+    except RuntimeError as exc:  # mpi4py >= 4: no MPI library found, or MPI_Init_thread() failed
+        if "cannot load MPI library" in str(exc):
+            raise RendezvousError(
+                f"the {env.launcher} launch needs mpi4py to share rank 0's address, but mpi4py cannot load an MPI "
+                f"library ({exc}): load the MPI the launcher belongs to in the job (module load ...), point "
+                "MPI4PY_LIBMPI at its libmpi, or set MASTER_ADDR and MASTER_PORT to skip MPI"
+            ) from None
         raise RendezvousError(
-            f"the {env.launcher} launch needs mpi4py to share rank 0's address, but mpi4py cannot load an MPI "
-            f"library ({exc}): load the MPI the launcher belongs to in the job (module load ...), point "
-            "MPI4PY_LIBMPI at its libmpi, or set MASTER_ADDR and MASTER_PORT to skip MPI"
+            f"the {env.launcher} launch needs mpi4py to share rank 0's address, but MPI could not start in this "
+            f"process ({exc}): the MPI mpi4py loaded does not speak this launcher's process-management interface "
+            "(srun needs --mpi=pmix or pmi2 for an MPI started under it; mpirun must be the same MPI's), or set "
+            "MASTER_ADDR and MASTER_PORT to skip MPI"
         ) from None
     except ImportError as exc:
         if env.master_addr is None and "MASTER_PORT" in environ:
@@ -70,6 +77,12 @@ def mpi_comm(env: DistEnv, environ: Mapping[str, str], timeout: float = DEFAULT_
             f"MPI was already finalized in this process (rank {env.rank}), and MPI cannot start twice, so rank 0's "
             "address cannot be shared over it: call slurmdist.init() before finalizing MPI, or set MASTER_ADDR and "
             "MASTER_PORT (export_env(resolve_master(env)) before finalizing gives them)"
+        )
+    if not MPI.Is_initialized():  # mpi4py.rc.initialize = False, and no MPI.Init() yet: the same abort
+        raise RendezvousError(
+            f"MPI is not initialized in this process (rank {env.rank}): mpi4py was imported with "
+            "mpi4py.rc.initialize = False. Call MPI.Init() (or MPI.Init_thread()) before slurmdist.init(), or set "
+            "MASTER_ADDR and MASTER_PORT"
         )
     comm = MPI.COMM_WORLD
     if comm.Get_size() != env.world_size or comm.Get_rank() != env.rank:

@@ -63,6 +63,9 @@ COMPLETED_RESULT_GRACE = 30.0
 # A result file older than the current run's start (minus this, for clocks that differ a little) was written
 # by the run before a requeue.
 CLOCK_SLACK = 1.0
+# Less than the least time between a run's end and its requeued run's start: Slurm holds a requeued job until
+# the old job credential expires (AuthInfo cred_expire, 120 s by default).
+RUN_GAP = 60.0
 
 # Variables that describe the launch the submitting process itself runs in (a notebook inside a Slurm job,
 # under torchrun or mpirun). sbatch passes the whole environment on, so every task of the new job would read
@@ -284,7 +287,12 @@ def environment_lines(resources: Resources) -> List[str]:
     lines = [f"export {key}={shlex.quote(value)}" for key, value in signal_variables(resources).items()]
     if resources.cpus_per_task:
         lines.append(HAND_ON_CPUS_PER_TASK)
+    # Where this run's part of the batch log begins: submitit appends each run to it (see `_srun_said`).
+    lines.append(f'echo "{RUN_STARTS} ${{SLURM_JOB_ID:-}} starts (restarts so far: ${{SLURM_RESTART_COUNT:-0}})" >&2')
     return lines
+
+
+RUN_STARTS = "slurmdist: a run of job"
 
 
 def launch_variables(environ: Mapping[str, str]) -> List[str]:
@@ -654,7 +662,9 @@ _SUBMISSION_FILE = re.compile(r"[0-9a-f]{32}\.pkl|\.submission_file_[0-9a-f]{32}
 
 def _remove_submission_files(folder: Path, since: float) -> None:
     """Remove the files a submission that queued nothing wrote into `folder` from `since` (epoch seconds) on;
-    other submissions' files, made before, stay."""
+    other submissions' files, made before, stay. submitit does not say which names were this submission's: a
+    second process submitting into the same folder at that moment could lose its files (its job then fails at
+    start, missing its pickle); give concurrent submitters folders of their own (the part before any `%j`)."""
     try:
         entries = list(os.scandir(folder))
     except OSError:
@@ -874,8 +884,12 @@ def results(job: Any, timeout: float, *, poll: float = 1.0) -> List[Any]:
     log's last lines when no task could report."""
     state, outcomes = _wait(job, timeout, poll)
     if outcomes is None:
-        # A requeued job's folder still holds the results of its run before: they say nothing of this one.
-        since = None if is_local(job) else run_start(job.job_id, timeout=SLURM_CALL_TIMEOUT)
+        # A requeued job's folder still holds the results of its run before: after a failure they say nothing
+        # of this run. A requeued run starts RUN_GAP and more after the run before ended, so a file server's
+        # clock a little behind slurmctld's does not make this run's files look older. After COMPLETED every
+        # task wrote its result in this run: no filter, whatever the clocks say.
+        started = None if is_local(job) or state == "COMPLETED" else run_start(job.job_id)
+        since = None if started is None else started - RUN_GAP
         outcomes = _read_outcomes(job, grace=result_grace(job, state), since=since)
     failed = [task for task, (outcome, _) in enumerate(outcomes) if outcome == "error"]
     missing = [task for task, (outcome, _) in enumerate(outcomes) if outcome is None]
@@ -952,8 +966,11 @@ def _written_since(path: Path, since: Optional[float]) -> bool:
 
 def _srun_said(job: Any) -> str:
     """srun's own lines about its tasks ('srun: error: node1: task 1: Exited with exit code 3'), from the job's
-    batch log (task 0's error file, where the batch script's srun writes), for a message; '' when none."""
-    lines = [line for line in _tail(_task_paths(job, 0)[1], lines=400).splitlines() if line.startswith("srun: error:")]
+    batch log (task 0's error file, where the batch script's srun writes) since the last run started (a
+    requeued job's log holds its earlier runs' too), for a message; '' when none."""
+    log = _tail(_task_paths(job, 0)[1], lines=400).splitlines()
+    starts = [index for index, line in enumerate(log) if line.startswith(RUN_STARTS)]
+    lines = [line for line in log[starts[-1] if starts else 0:] if line.startswith("srun: error:")]
     return "\nsrun said:" + "".join(f"\n{line}" for line in lines[-8:]) if lines else ""
 
 

@@ -21,9 +21,10 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
-from .argv import command_words
+from .argv import command_words, refuse_ntasks
 from .bounds import positive_seconds
 from .errors import SlurmdistError
+from .sbatch_render import memory_size_fault
 
 WAIT_TIMEOUT_DEFAULT = 86400.0  # seconds --wait follows a job when --timeout is not given
 EXIT_FAILED = 1
@@ -44,6 +45,7 @@ def register(subparsers: Any) -> None:
     shape.add_argument("--gpus-per-node", "-G", type=int, default=0, help="one task per GPU")
     shape.add_argument("--tasks-per-node", "--ntasks-per-node", type=int,
                        help="tasks per node for CPU-only jobs (default 1)")
+    refuse_ntasks(shape)
     shape.add_argument("--cpus-per-task", "-c", type=int)
     shape.add_argument("--time", "-t", default="60", help="time limit: minutes, HH:MM:SS or D-HH:MM:SS (default 60)")
     shape.add_argument("--partition", "-p")
@@ -105,7 +107,7 @@ def cli_mem(text: Optional[str]) -> Optional[str]:
     """--mem as typed. A bare number is refused: in Python `mem=32` means 32 GiB, but sbatch's own --mem=32
     means 32 MB, and a user of either would get the other's meaning from it. 0 is all of the node's memory to
     sbatch, whatever the unit, and passes."""
-    if text is not None and re.fullmatch(r"\s*[0-9]+(\.[0-9]*)?\s*", text) and text.strip().strip("0"):
+    if text is not None and memory_size_fault(text.strip()) == "no unit":
         raise SlurmdistError(f"--mem {text.strip()} has no unit: sbatch reads a bare number as megabytes, slurmdist's "
                              "Python API as gibibytes. Write the unit, e.g. --mem 32G or --mem 500M (0: all of "
                              "the node's memory)")

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from slurmdist.process_group import watchdog_grace
-from tests.conftest import unresolved
+from tests.conftest import missing_prerequisite, require_module, unresolved
 from tests.integration.workers.launch import (
     ALLREDUCE, PYTHON, RUN_TIMEOUT, clean_environ, finish, free_port, rank_environ, run, start_ranks, tool,
 )
@@ -212,6 +212,9 @@ def test_resolve_master_leaves_mpi_to_the_caller_so_init_can_follow_it():
 def test_an_mpi4py_that_cannot_load_its_mpi_library_is_a_rendezvous_error(tmp_path):
     # mpi4py >= 4 raises RuntimeError when the MPI library it looks for is not there (an MPI module not loaded
     # in the job): train.py's `except SlurmdistError` missed it, and `slurmdist run` showed a traceback.
+    mpi4py = require_module("mpi4py", "pip install -e '.[dev]'")
+    if int(mpi4py.__version__.split(".")[0]) < 4:  # MPI4PY_LIBMPI is mpi4py 4's
+        missing_prerequisite(f"mpi4py >= 4 (this is {mpi4py.__version__}): pip install -U mpi4py")
     missing = tmp_path / "libmpi.so.40"
     across_nodes = "OMPI_COMM_WORLD_LOCAL_RANK=0 OMPI_COMM_WORLD_LOCAL_SIZE=1"
     result = two_under_mpirun("-x", f"MPI4PY_LIBMPI={missing}", "bash", "-c",

@@ -143,3 +143,11 @@ def test_the_torchrun_script_refuses_a_layout_torchrun_would_fail_on_later(layou
                           timeout=TIMEOUT, env=env)
     assert done.returncode == 2 and done.stderr.startswith(f"train_torchrun.sh: {says}"), done.stderr
     assert not (tmp_path / "runs").exists()  # before it makes its run folder
+
+
+def test_the_torchrun_script_lets_workers_share_gpus_when_told_to(tmp_path):
+    env = {"PATH": "/usr/bin:/bin", "SLURM_JOB_ID": "7", "SLURM_JOB_NAME": "job", "TRAIN_DIR": str(tmp_path / "runs"),
+           "NPROC_PER_NODE": "5", "SLURM_GPUS_ON_NODE": "4", "SLURMDIST_SHARE_DEVICES": "Yes"}
+    done = subprocess.run(["bash", "sbatch/train_torchrun.sh"], cwd=REPO, capture_output=True, text=True,
+                          timeout=TIMEOUT, env=env)
+    assert "workers per node" not in done.stderr and (tmp_path / "runs").is_dir(), done.stderr  # went on

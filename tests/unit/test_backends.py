@@ -295,3 +295,6 @@ def test_a_rocm_torch_that_slurms_two_visibility_variables_left_without_gpus_is_
                                        CUDA._replace(cuda_devices=0), task)
     alone = {name: value for name, value in task.items() if name != "CUDA_VISIBLE_DEVICES"}
     assert "nvidia-smi" in unused_gpus("auto", choose("auto", rocm), rocm, alone)
+    # Indexes within what ROCR left mask nothing: the usual advice, not this one.
+    within = {**task, "ROCR_VISIBLE_DEVICES": "1", "CUDA_VISIBLE_DEVICES": "0"}
+    assert "nvidia-smi" in unused_gpus("auto", choose("auto", rocm), rocm, within)

@@ -44,6 +44,10 @@ def test_mpi_across_nodes_refuses_to_export_a_master_it_does_not_know_yet():
     written = torchrun_variables(detect(rank))
     assert "MASTER_ADDR" not in written and "MASTER_PORT" not in written
     assert (written["RANK"], written["WORLD_SIZE"]) == ("1", "4")
+    # MPICH and the other PMI launchers give no port even on one node.
+    mpich = load_case("mpi/mpich_np4")[1]
+    with pytest.raises(SlurmdistError, match=r"this pmi launch gives no MASTER_PORT yet .*torchrun_variables\(env\)"):
+        export_env(detect(mpich), target)
     resolved = detect(rank).replace(master_addr="10.0.0.7", master_port=29500)
     assert export_env(resolved, target)["MASTER_ADDR"] == "10.0.0.7"
 

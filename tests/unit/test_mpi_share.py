@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from slurmdist.mpi_share import HOST_ENTRY_SIZE, _padded, number_nodes, with_node_numbers
+import sys
+
+import pytest
+
+from slurmdist import detect
+from slurmdist.errors import RendezvousError
+from slurmdist.mpi_share import HOST_ENTRY_SIZE, _padded, mpi_comm, number_nodes, with_node_numbers
 
 
 def entries(*hosts: str, per_node: int = 2) -> list:
@@ -46,3 +52,28 @@ def test_host_names_fill_in_only_what_the_launcher_left_out():
     assert with_node_numbers(env(None, 2), None, None) == env(None, 2)  # contradicting names: Flux's count stays
     assert with_node_numbers(env(None, 3), 1, 2) == env(None, 3)  # disagreeing with the launcher: no guess
     assert with_node_numbers(env(3, None), 1, 2) == env(3, None)
+
+
+# What mpi4py's MPI module does on import in each case (its own messages), for a PMI launch across nodes.
+NO_LIBRARY = 'raise RuntimeError("cannot load MPI library libmpi.so.40: cannot open shared object file")'
+INIT_FAILED = 'raise RuntimeError("MPI_Init_thread() failed [error code: 1]")'
+NOT_INITIALIZED = "Is_finalized = Is_initialized = lambda: False"  # mpi4py.rc.initialize = False
+
+
+@pytest.mark.parametrize("module, says", [
+    (NO_LIBRARY, "mpi4py cannot load an MPI library .*libmpi.so.40.*MPI4PY_LIBMPI"),
+    (INIT_FAILED, r"MPI could not start in this process \(MPI_Init_thread\(\) failed.*--mpi=pmix"),
+    (NOT_INITIALIZED, r"MPI is not initialized in this process .*mpi4py.rc.initialize = False.*MPI.Init\(\)"),
+])
+def test_an_mpi_that_cannot_start_is_a_rendezvous_error_saying_why(tmp_path, monkeypatch, module, says):
+    # Not mpi4py's RuntimeError past `except SlurmdistError`, nor an abort from inside MPI.
+    package = tmp_path / "mpi4py"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "MPI.py").write_text(module + "\n")
+    for name in [name for name in sys.modules if name == "mpi4py" or name.startswith("mpi4py.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    environ = {"PMI_RANK": "1", "PMI_SIZE": "2", "MPI_LOCALRANKID": "0", "MPI_LOCALNRANKS": "1"}
+    with pytest.raises(RendezvousError, match=says):
+        mpi_comm(detect(environ), environ, timeout=30)

@@ -48,7 +48,8 @@ def stub_bin(directory: Path, record: Path) -> Path:
     for name in ("srun", "mpirun", "torchrun"):
         path = directory / name
         path.write_text(f'#!/bin/bash\nprintf "%s\\0" {name} "$@" >> "{record}"\nprintf "\\n\\0" >> "{record}"\n'
-                        f'echo "{name} ${{SRUN_CPUS_PER_TASK-unset}}" >> "{record}.cpus"\n')
+                        f'echo "{name} ${{SRUN_CPUS_PER_TASK-unset}}" >> "{record}.cpus"\n'
+                        f'echo "$PWD" >> "{record}.pwd"\n')
         path.chmod(path.stat().st_mode | stat.S_IXUSR)
     scontrol = directory / "scontrol"  # `show hostnames` and `show node` for the torchrun head address
     scontrol.write_text('#!/bin/bash\nif [[ $* == *hostnames* ]]; then echo node1;'
@@ -236,6 +237,23 @@ def test_cli_refuses_with_status_2_and_no_traceback(capsys, tmp_path):
 def test_cli_usage_errors(capsys, args, message):
     assert cli.main(["sbatch", *args]) == 2
     assert re.search(message, capsys.readouterr().err)
+
+
+def test_the_launch_runs_where_sbatch_started_the_script_after_setup_lines_that_cd(tmp_path):
+    # sbatch --chdir=DIR starts the script in DIR, not SLURM_SUBMIT_DIR; a --setup line may cd elsewhere.
+    script = render(JobSpec(command=("python", "train.py"), device="cpu", setup=("cd /",)))
+    run_script(script, tmp_path, SLURM_SUBMIT_DIR=str(tmp_path / "submitted-from-here"))
+    assert (tmp_path / "calls.pwd").read_text().splitlines() == [str(tmp_path)]
+
+
+def test_sbatch_ntasks_is_refused_not_read_as_tasks_per_node(capsys):
+    # argparse took `--ntasks 8` for an abbreviation of --ntasks-per-node: 8 tasks on every node.
+    for argv in (["sbatch", "--device", "cpu", "--ntasks", "8", "--", "python", "t.py"],
+                 ["submit", "-N", "4", "-n", "8", "--", "true"]):
+        with pytest.raises(SystemExit) as refused:  # argparse's usage error
+            cli.main(argv)
+        assert refused.value.code == 2
+        assert "give --tasks-per-node N with --nodes M" in capsys.readouterr().err
 
 
 def test_sbatchs_own_spelling_of_tasks_per_node_is_taken(capsys):

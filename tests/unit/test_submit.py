@@ -577,10 +577,12 @@ def test_cpus_per_task_reaches_srun_through_the_batch_script():
     from slurmdist.submit import environment_lines
 
     lines = environment_lines(Resources(cpus_per_task=3))
-    script = "\n".join([*lines, 'echo "$SRUN_CPUS_PER_TASK"'])
+    script = "\n".join(["set -u", *lines, 'echo "$SRUN_CPUS_PER_TASK"'])
     out = subprocess.run(["bash", "-c", script], env={"SLURM_CPUS_PER_TASK": "3", "PATH": "/usr/bin:/bin"},
                          capture_output=True, text=True, timeout=30, check=True)
     assert out.stdout.strip() == "3"
+    # Each run marks where its part of the batch log begins (results() reads srun's lines from there).
+    assert out.stderr.startswith("slurmdist: a run of job  starts (restarts so far: 0)")
     assert not any("SRUN_CPUS_PER_TASK" in line for line in environment_lines(Resources()))
 
 
@@ -799,17 +801,20 @@ def test_results_of_a_requeued_job_leave_out_the_files_its_run_before_wrote(tmp_
 
     import slurmdist.submit as submit
 
-    job = ended_failed(tmp_path, monkeypatch, "srun: error: node2: task 2: Killed\n")
+    # The batch log is appended to by every run: srun's lines of the run before are not this run's.
+    job = ended_failed(tmp_path, monkeypatch, "srun: error: node1: task 0: Terminated\n"
+                                              f"{submit.RUN_STARTS} 42 starts (restarts so far: 1)\n"
+                                              "srun: error: node2: task 2: Killed\n")
     old = job.task(0).paths.result_pickle.stat().st_mtime - 600
     for task in (0, 2, 3):
         os.utime(job.task(task).paths.result_pickle, (old, old))
     job.task(1).paths.result_pickle.write_bytes(pickle.dumps(("error", "RendezvousError: rank 2 never arrived")))
-    monkeypatch.setattr(submit, "run_start", lambda job_id, **_: old + 300)
+    monkeypatch.setattr(submit, "run_start", lambda job_id, **_: old + 300)  # files before start - RUN_GAP: stale
     with pytest.raises(submit.JobFailedError) as failed:
         submit.results(job, timeout=30, poll=0.05)
     said = str(failed.value)
     assert said.startswith("job 42 ended FAILED: task 1 raised; task(s) [0, 2, 3] left no result"), said
-    assert ":\nRendezvousError: rank 2 never arrived\n" in said and said.endswith("\nsrun: error: node2: task 2: Killed")
+    assert ":\nRendezvousError: rank 2 never arrived\n" in said and said.endswith("\nsrun said:\nsrun: error: node2: task 2: Killed")
 
 
 def test_run_start_asks_for_a_job_that_ended_too_then_accounting(tmp_path, monkeypatch):
