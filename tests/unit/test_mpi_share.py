@@ -71,9 +71,17 @@ def test_an_mpi_that_cannot_start_is_a_rendezvous_error_saying_why(tmp_path, mon
     package.mkdir()
     (package / "__init__.py").write_text("")
     (package / "MPI.py").write_text(module + "\n")
-    for name in [name for name in sys.modules if name == "mpi4py" or name.startswith("mpi4py.")]:
-        monkeypatch.delitem(sys.modules, name)
     monkeypatch.syspath_prepend(str(tmp_path))
     environ = {"PMI_RANK": "1", "PMI_SIZE": "2", "MPI_LOCALRANKID": "0", "MPI_LOCALNRANKS": "1"}
-    with pytest.raises(RendezvousError, match=says):
-        mpi_comm(detect(environ), environ, timeout=30)
+    real = mpi4py_modules()
+    try:
+        with pytest.raises(RendezvousError, match=says):
+            mpi_comm(detect(environ), environ, timeout=30)
+    finally:  # the stand-in's modules must not reach the tests after this one
+        mpi4py_modules()
+        sys.modules.update(real)
+
+
+def mpi4py_modules() -> dict:
+    """Take mpi4py's modules out of sys.modules, and return them."""
+    return {name: sys.modules.pop(name) for name in list(sys.modules) if name.split(".")[0] == "mpi4py"}
