@@ -54,9 +54,18 @@ def __getattr__(name: str) -> object:
     module = importlib.import_module(f".{module_name}", __name__)
     # Submodules are named apart from the functions they hold (detection.detect, not detect.detect), because
     # importing a submodule binds its name on the package and would shadow a function of the same name.
-    value = module if name == module_name else getattr(module, name)
+    try:
+        value = module if name == module_name else getattr(module, name)
+    except AttributeError:
+        if name == "shutdown":  # a signal handler's, while init()'s first lookup still loads the module: no
+            return _nothing_formed_yet  # group can exist yet (not kept: the real one is there once loaded)
+        raise
     globals()[name] = value
     return value
+
+
+def _nothing_formed_yet() -> None:
+    """`shutdown()` before the module that forms groups has finished loading: there is nothing to shut down."""
 
 
 def __dir__() -> list:

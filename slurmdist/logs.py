@@ -176,12 +176,13 @@ class RankAdapter(logging.LoggerAdapter):
         rank, world_size = rank_and_size()
         line_prefix = prefix(rank, world_size)
         # The fields a RankFilter adds, for formats that name them, unless the caller's `extra` or the record
-        # factory sets them already (logging refuses an `extra` key the record has); marked as prefixed, so
-        # that a handler with a RankFilter does not prefix it again.
+        # factory sets them already (logging refuses an `extra` key the record has); when the message carries
+        # the prefix, marked as prefixed, so that a handler with a RankFilter does not prefix it again.
         given = dict(kwargs.get("extra") or {})
         taken = set(given) | _factory_fields()
         fields = {"rank": rank, "world_size": world_size, "rank_prefix": line_prefix}
-        kwargs["extra"] = {**{k: v for k, v in fields.items() if k not in taken}, **given, "_slurmdist_prefixed": True}
+        marked = {"_slurmdist_prefixed": True} if self.prefix_message else {}
+        kwargs["extra"] = {**{k: v for k, v in fields.items() if k not in taken}, **given, **marked}
         return (f"{line_prefix} {msg}" if self.prefix_message else msg), kwargs
 
 

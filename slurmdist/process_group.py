@@ -49,7 +49,7 @@ _lock = threading.RLock()
 # destroyed it (`dist.destroy_process_group()`, the usual last line of a torch script).
 # `next_base`: the keys the next group meets under, which rank 0 marks on the store it stops serving.
 _state: dict = {"env": None, "store": None, "generation": 0, "atexit": False, "owned": False, "interface": None,
-                "group": None, "next_base": None, "group_store": None, "formed": None}
+                "group": None, "next_base": None, "group_store": None, "formed": None, "collective_timeout": None}
 
 
 def init(
@@ -149,6 +149,7 @@ def _start_group(env: DistEnv, deadline: bounds.Deadline, environ: Mapping[str, 
         _state["owned"] = False  # shutdown() leaves a group it did not create alone
         return env.replace(backend=str(dist.get_backend()))
     _state["owned"] = True
+    _state["collective_timeout"] = collective.total_seconds()  # what barrier()'s error names
     if env.backend == "mpi":  # the MPI runtime did the rendezvous when the launcher started us
         dist.init_process_group("mpi", timeout=collective)
         mismatch = _shape_mismatch(env)
@@ -486,9 +487,13 @@ def barrier() -> None:
         else:
             dist.barrier()
     except RuntimeError as exc:  # gloo's own words name a source file, not the setting or what to do
+        if _state["owned"]:
+            within = f"the collective timeout ({COLLECTIVE_TIMEOUT_VARIABLE}: {_state['collective_timeout']:.0f} s)"
+            raise_it = f"raise {COLLECTIVE_TIMEOUT_VARIABLE}"
+        else:  # a group the program formed itself and init() adopted: its timeout is the program's
+            within, raise_it = "the timeout of the group your program formed", "raise that group's timeout"
         raise SlurmdistError(
             f"barrier() on rank {env.rank} of {env.world_size} failed: {rendezvous.first_line(exc)}. Not every rank "
-            f"reached it within the collective timeout ({COLLECTIVE_TIMEOUT_VARIABLE}, default "
-            f"{DEFAULT_COLLECTIVE_TIMEOUT:.0f} s), or one left the group: a rank crashed (read its log), hangs, or "
-            f"is slower than the timeout allows (raise {COLLECTIVE_TIMEOUT_VARIABLE})"
+            f"reached it within {within}, or one left the group: a rank crashed (read its log), hangs, or is "
+            f"slower than the timeout allows ({raise_it})"
         ) from exc

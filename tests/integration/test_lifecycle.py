@@ -324,7 +324,9 @@ def test_a_barrier_a_rank_never_reaches_ends_at_the_collective_timeout_saying_so
              for rank in (1, 0)]
     rank_1, rank_0 = finish(procs)
     assert "barrier() on rank 0 of 2 failed" in rank_0.stdout, rank_0.stdout + rank_0.stderr
-    assert "SLURMDIST_COLLECTIVE_TIMEOUT" in rank_0.stdout and "Traceback" not in rank_0.stderr
+    # The timeout in force, not the default.
+    assert "collective timeout (SLURMDIST_COLLECTIVE_TIMEOUT: 3 s)" in rank_0.stdout, rank_0.stdout
+    assert "Traceback" not in rank_0.stderr
 
 
 def test_a_share_devices_value_that_is_neither_yes_nor_no_is_refused_even_on_the_cpu(single):

@@ -159,6 +159,14 @@ def test_rank_logger_through_a_rank_filtered_handler_is_prefixed_once(as_rank):
     assert capture(RankFilter(), adapter) == ["[rank 2/4] epoch 1"]
 
 
+def test_a_rank_logger_that_does_not_prefix_leaves_it_to_a_rank_filtered_handler(as_rank):
+    # prefix_message=False (for handlers whose format shows %(rank_prefix)s) marked its records as prefixed,
+    # so a handler with a plain RankFilter() printed them with no prefix at all.
+    as_rank(3)
+    adapter = lambda log: rank_logger(log.name, prefix_message=False).info("x")  # noqa: E731
+    assert capture(RankFilter(), adapter) == ["[rank 3/4] x"]
+
+
 def test_rank_logger_leaves_the_records_own_rank_fields_alone(as_rank):
     # A record factory that adds `rank` (a common pattern), or a caller's extra={"rank": ...}: logging refuses
     # an extra key the record already has, so the adapter must not pass one.

@@ -50,3 +50,34 @@ def test_dir_lists_the_public_api_whether_loaded_or_not_and_no_import_helpers():
     assert not listed & {"importlib", "TYPE_CHECKING", "annotations", "errors"}
     for name in slurmdist.__all__:
         assert getattr(slurmdist, name) is not None
+
+
+SHUTDOWN_WHILE_LOADING = """
+import signal, sys
+import slurmdist
+# The first lookup of slurmdist.init loads the module that forms groups; a handler's shutdown() that runs
+# meanwhile found it half-loaded and raised out of init() in the main thread.
+def stop(signum, frame):
+    slurmdist.shutdown()
+    print("handler ran", flush=True)
+signal.signal(signal.SIGUSR1, stop)
+import importlib.abc, os
+class SignalWhileLoading(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name == "slurmdist.rendezvous":  # imported by process_group before it defines shutdown()
+            sys.meta_path.remove(self)
+            os.kill(os.getpid(), signal.SIGUSR1)
+        return None
+sys.meta_path.insert(0, SignalWhileLoading())
+init = slurmdist.init
+print("loaded", callable(init), flush=True)
+"""
+
+
+def test_shutdown_from_a_signal_handler_while_init_first_loads_does_nothing():
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", SHUTDOWN_WHILE_LOADING], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["handler", "ran", "loaded", "True"], done.stdout + done.stderr
