@@ -97,6 +97,12 @@ def expanders() -> Dict[str, Callable[[str], List[str]]]:
     return found
 
 
+def _one_argument(text: str) -> None:
+    """Refuse a list no command line can carry: longer than Linux's limit on one argument."""
+    if len(text) > ARG_MAX:
+        raise RuntimeError(f"the list is {len(text)} characters, beyond Linux's {ARG_MAX + 1}-byte argument limit")
+
+
 class Scontrol:
     """`scontrol show hostnames` with the two-line slurm.conf it needs (no daemon)."""
 
@@ -109,8 +115,7 @@ class Scontrol:
     def expand(self, text: str) -> List[str]:
         if self.path is None:
             raise RuntimeError("scontrol is not installed")
-        if len(text) > ARG_MAX:
-            raise RuntimeError(f"the list is {len(text)} characters, beyond Linux's {ARG_MAX + 1}-byte argument limit")
+        _one_argument(text)
         _, done = run_process([self.path, "show", "hostnames", text], env=self.env, timeout=60)
         if "Invalid hostlist" in done.stdout + done.stderr:
             raise RuntimeError("scontrol rejected the list")
@@ -167,8 +172,7 @@ class Command:
         self.argv = [str(script)] if script.exists() else [sys.executable, "-m", "slurmdist"]
 
     def expand(self, text: str) -> List[str]:
-        if len(text) > ARG_MAX:
-            raise RuntimeError(f"the list is {len(text)} characters, beyond Linux's {ARG_MAX + 1}-byte argument limit")
+        _one_argument(text)
         _, done = run_process([*self.argv, "hostlist", "expand", text], timeout=60)
         return done.stdout.split()
 

@@ -13,7 +13,7 @@ import os
 import sys
 from typing import Any, Dict, Mapping, NamedTuple, Optional
 
-from .devices import visibility
+from .devices import listed, visibility
 from .envvars import whole_number
 from .errors import BackendError
 
@@ -289,13 +289,12 @@ def rocm_masked(caps: Capabilities, environ: Mapping[str, str]) -> Optional[str]
     """Why a ROCm torch sees no GPU where Slurm set ROCR_VISIBLE_DEVICES beside CUDA_VISIBLE_DEVICES (or HIP's):
     HIP applies the second to what the first already left, renumbered from 0, so both naming GPU 1 leave none.
     None where that is not the case."""
-    left = [device for device in environ.get("ROCR_VISIBLE_DEVICES", "").split(",") if device.strip()]
+    left = listed(environ.get("ROCR_VISIBLE_DEVICES", ""))
     if "rocm" not in caps.torch_version or not left:
         return None
     # Only an index past what ROCR left masks them all ("1" after ROCR's "1": HIP's devices count from 0).
     second = [name for name in ("HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")
-              if any(not index.strip().isdigit() or int(index) >= len(left)
-                     for index in environ.get(name, "").split(",") if index.strip())]
+              if any(not index.isdigit() or int(index) >= len(left) for index in listed(environ.get(name, "")))]
     if not second:
         return None
     return (f"on ROCm, HIP applies {' and '.join(second)} to the GPUs ROCR_VISIBLE_DEVICES left, renumbered from "

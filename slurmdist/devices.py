@@ -86,7 +86,7 @@ def narrowed_per_task(
         return True
     if device_count != 1:
         return False
-    if _listed(environ.get("SLURM_STEP_GPUS") or environ.get("SLURM_JOB_GPUS") or "") > 1:
+    if len(listed(environ.get("SLURM_STEP_GPUS") or environ.get("SLURM_JOB_GPUS") or "")) > 1:
         return True
     on_node = environ.get("SLURM_GPUS_ON_NODE", "")
     return (whole_number(on_node) or 0) > 1
@@ -150,9 +150,15 @@ def device_ordinal(
                    task_is_rank)
 
 
+def listed(devices: str) -> List[str]:
+    """The devices a comma-separated list names (SLURM_STEP_GPUS='0,1', a visibility variable), empty pieces
+    dropped."""
+    return [device.strip() for device in devices.split(",") if device.strip()]
+
+
 def _chosen_npus(environ: Mapping[str, str]) -> List[str]:
-    """The NPUs ASCEND_RT_VISIBLE_DEVICES names (empty pieces dropped)."""
-    return [d.strip() for d in environ.get("ASCEND_RT_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    """The NPUs ASCEND_RT_VISIBLE_DEVICES names."""
+    return listed(environ.get("ASCEND_RT_VISIBLE_DEVICES", ""))
 
 
 def _set_once_for_all_tasks(device_type: str, local_rank: int, environ: Mapping[str, str]) -> Optional[str]:
@@ -166,14 +172,9 @@ def _set_once_for_all_tasks(device_type: str, local_rank: int, environ: Mapping[
     if device_type == "npu":
         return "ASCEND_RT_VISIBLE_DEVICES" if _chosen_npus(environ) == ["0"] else None
     # The step's own list only: Slurm narrows it with each task's binding, never the job's.
-    if gpus_per_task(environ) == 1 or _listed(environ.get("SLURM_STEP_GPUS", "")) < 2:
+    if gpus_per_task(environ) == 1 or len(listed(environ.get("SLURM_STEP_GPUS", ""))) < 2:
         return None
     return next((name for name in VISIBILITY_VARIABLES["cuda"] if environ.get(name, "").strip() == "0"), None)
-
-
-def _listed(devices: str) -> int:
-    """How many devices a comma-separated list (SLURM_STEP_GPUS='0,1') names, empty pieces left out."""
-    return len([device for device in devices.split(",") if device.strip()])
 
 
 def _expanded_in_the_batch_step(device_type: str, local_rank: int, variable: str,

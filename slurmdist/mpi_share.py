@@ -42,17 +42,14 @@ def mpi_comm(env: DistEnv, environ: Mapping[str, str], timeout: float = DEFAULT_
         ))
     except RuntimeError as exc:  # mpi4py >= 4: no MPI library found, or MPI_Init_thread() failed
         if "cannot load MPI library" in str(exc):
-            raise RendezvousError(
-                f"the {env.launcher} launch needs mpi4py to share rank 0's address, but mpi4py cannot load an MPI "
-                f"library ({exc}): load the MPI the launcher belongs to in the job (module load ...), point "
-                "MPI4PY_LIBMPI at its libmpi, or set MASTER_ADDR and MASTER_PORT to skip MPI"
-            ) from None
-        raise RendezvousError(
-            f"the {env.launcher} launch needs mpi4py to share rank 0's address, but MPI could not start in this "
-            f"process ({exc}): the MPI mpi4py loaded does not speak this launcher's process-management interface "
-            "(srun needs --mpi=pmix or pmi2 for an MPI started under it; mpirun must be the same MPI's), or set "
-            "MASTER_ADDR and MASTER_PORT to skip MPI"
-        ) from None
+            why = (f"mpi4py cannot load an MPI library ({exc}): load the MPI the launcher belongs to in the job "
+                   "(module load ...), point MPI4PY_LIBMPI at its libmpi,")
+        else:
+            why = (f"MPI could not start in this process ({exc}): the MPI mpi4py loaded does not speak this "
+                   "launcher's process-management interface (srun needs --mpi=pmix or pmi2 for an MPI started "
+                   "under it; mpirun must be the same MPI's),")
+        raise RendezvousError(f"the {env.launcher} launch needs mpi4py to share rank 0's address, but {why} or set "
+                              "MASTER_ADDR and MASTER_PORT to skip MPI") from None
     except ImportError as exc:
         if env.master_addr is None and "MASTER_PORT" in environ:
             lacking, share, fix = "spans several nodes and gives no master address (MASTER_PORT is set, " \

@@ -66,6 +66,7 @@ CLOCK_SLACK = 1.0
 # Less than the least time between a run's end and its requeued run's start: Slurm holds a requeued job until
 # the old job credential expires (AuthInfo cred_expire, 120 s by default).
 RUN_GAP = 60.0
+RUN_STARTS = "slurmdist: a run of job"  # the line each run writes first to the batch log (`environment_lines`)
 
 # Variables that describe the launch the submitting process itself runs in (a notebook inside a Slurm job,
 # under torchrun or mpirun). sbatch passes the whole environment on, so every task of the new job would read
@@ -290,9 +291,6 @@ def environment_lines(resources: Resources) -> List[str]:
     # Where this run's part of the batch log begins: submitit appends each run to it (see `_srun_said`).
     lines.append(f'echo "{RUN_STARTS} ${{SLURM_JOB_ID:-}} starts (restarts so far: ${{SLURM_RESTART_COUNT:-0}})" >&2')
     return lines
-
-
-RUN_STARTS = "slurmdist: a run of job"
 
 
 def launch_variables(environ: Mapping[str, str]) -> List[str]:
@@ -900,8 +898,9 @@ def results(job: Any, timeout: float, *, poll: float = 1.0) -> List[Any]:
         # with srun's own lines, which tell the two apart.
         first = min(failed, key=lambda task: job.task(task).paths.result_pickle.stat().st_mtime)
         others = f" (then task(s) {sorted(set(failed) - {first})} failed too)" if len(failed) > 1 else ""
-        srun_said = _srun_said(job) if missing else ""
+        srun_said = ""
         if missing:
+            srun_said = _srun_said(job)
             which = ": srun's lines at the end say which" if srun_said else ""
             others += (f"; task(s) {missing} left no result: ended after that failure, or died before it without "
                        f"a Python error (killed, out of memory, os._exit){which}")
