@@ -76,6 +76,7 @@ def _unless_stale(env: DistEnv, environ: Mapping[str, str]) -> DistEnv:
     a helper process (`WORLD_SIZE=1` for an evaluation), or one independent run per task sets them on purpose,
     and no task can tell those from a mistake. `SLURMDIST_LAUNCHER=torchrun` silences it."""
     if "TORCHELASTIC_RUN_ID" in environ:
+        _warn_if_torchrun_leaves_nodes(env, environ)
         return env
     try:
         step = slurm.read_step(environ)
@@ -107,6 +108,33 @@ def _unless_stale(env: DistEnv, environ: Mapping[str, str]) -> DistEnv:
     return env
 
 
+def _warn_if_torchrun_leaves_nodes(env: DistEnv, environ: Mapping[str, str]) -> None:
+    """torchrun's group spans fewer nodes than the Slurm launch it runs in: `torchrun --standalone` (or
+    `--nnodes=1`) in each task of `srun -N2`, where each node trains apart and writes the same checkpoints, or
+    in the batch script of an `-N2` job, which runs on the first node alone. Nodes that run apart on purpose
+    (one experiment each) are rare but possible, so a warning; `SLURMDIST_LAUNCHER=torchrun` silences it."""
+    try:
+        launch = slurm.launch_nodes(environ)
+    except LaunchError:  # malformed Slurm variables: torchrun's own are what this process runs on
+        return
+    if env.num_nodes is None or launch is None or launch[1] <= env.num_nodes:
+        return
+    name, nodes, where = launch
+    group = f"torchrun's group spans {env.num_nodes} node{'s' if env.num_nodes > 1 else ''} (GROUP_WORLD_SIZE=" \
+            f"{env.num_nodes}), but this process runs in {where}, which spans {nodes} nodes ({name}={nodes})"
+    if where.startswith("srun"):
+        what = ("each node's torchrun forms a group of its own, and the nodes train apart, writing the same "
+                "checkpoints. For one job across the nodes, start torchrun with --nnodes=$SLURM_NNODES and one "
+                "rendezvous (--rdzv-backend=c10d --rdzv-endpoint=FIRST_NODE:29500), as sbatch/train_torchrun.sh "
+                "does, or start one task per GPU with srun and no torchrun")
+    else:
+        what = (f"the batch script runs on the first node alone, so the other {nodes - 1} stay idle. Start torchrun "
+                "on every node with `srun --ntasks-per-node=1 torchrun --nnodes=$SLURM_NNODES ...`, as "
+                "sbatch/train_torchrun.sh does, or one task per GPU with srun and no torchrun")
+    warn_once(f"slurmdist: {group}: {what}. Set SLURMDIST_LAUNCHER=torchrun if the nodes are meant to run apart",
+              __file__)
+
+
 def single(environ: Mapping[str, str], job_id: Optional[str] = None) -> DistEnv:
     """Rank 0 of 1 on this machine."""
     master_addr, master_port = explicit_master(environ)
@@ -127,7 +155,9 @@ def single(environ: Mapping[str, str], job_id: Optional[str] = None) -> DistEnv:
 def _read_mpi(environ: Mapping[str, str], *, inside_step: bool) -> Optional[DistEnv]:
     """An MPI launcher's view, else Flux's. Inside an srun step or a Flux job, a bare PMI_RANK/PMI_SIZE
     (no local-rank variable) is that launcher's own PMI server, not an MPI launcher of its own; so are the
-    PALS variables srun's Cray MPI plugin sets in its own tasks."""
+    PALS variables srun's Cray MPI plugin sets in its own tasks. Hydra's -pmi-port mode, which says no world
+    size, is refused here, before a step or a single process could be taken for it."""
+    mpi.refuse_hydra_port_mode(environ)
     inside_flux = flux.TASK_RANK in environ
     skip = ("pals",) if inside_step and _set_by_srun_for_cray_mpi(environ) else ()
     return mpi.read_any(environ, complete_only=inside_step or inside_flux, skip=skip) or flux.read(environ)

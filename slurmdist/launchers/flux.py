@@ -32,7 +32,19 @@ def read(environ: Mapping[str, str]) -> Optional[DistEnv]:
             str(world_size),
         )
     per_node = world_size // num_nodes
-    check_index("flux", "FLUX_TASK_LOCAL_ID", local_rank, "tasks per node", per_node)
+    if local_rank >= per_node:
+        # A job without -N is spread as the scheduler found cores (3 + 1 for `flux run -n4` on 3-core nodes):
+        # an even division of the counts says nothing about how the tasks sit.
+        raise LaunchError(
+            f"flux: FLUX_TASK_LOCAL_ID={local_rank} says this node runs at least {local_rank + 1} tasks, more than "
+            f"the {per_node} an even layout of FLUX_JOB_SIZE={world_size} tasks on FLUX_JOB_NNODES={num_nodes} nodes "
+            "gives: Flux spread the job unevenly, and it does not export the number of tasks on each node, so "
+            f"every node's share is unknown. Ask for an even layout (`flux run -N{num_nodes} --tasks-per-node="
+            f"{per_node}`), or export RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE and MASTER_ADDR/MASTER_PORT "
+            "per task",
+            "FLUX_TASK_LOCAL_ID",
+            str(local_rank),
+        )
     return rank_env(
         environ,
         launcher="flux",

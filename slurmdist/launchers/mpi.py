@@ -13,7 +13,7 @@ from ..distenv import LOOPBACK, DistEnv
 from ..envvars import (
     check_index, check_within, explicit_master, read_count, read_text, require_count, scheduler_job_id,
 )
-from ..errors import LaunchError
+from ..errors import LaunchError, quoted
 from ..ports import step_port
 
 
@@ -95,6 +95,23 @@ def read_any(
         if env is not None:
             return env
     return None
+
+
+def refuse_hydra_port_mode(environ: Mapping[str, str]) -> None:
+    """MPICH's and Intel MPI's Hydra started with `-pmi-port` gives each rank PMI_PORT and its rank as PMI_ID,
+    but no PMI_RANK or PMI_SIZE (Hydra's proxy sets one pair or the other): the world size is in no variable.
+    Read past, each rank would be a single process, or inside an allocation the proxy's srun task."""
+    if "PMI_ID" not in environ or "PMI_PORT" not in environ or PMI.rank in environ:
+        return
+    raise LaunchError(
+        f"PMI_PORT={quoted(environ['PMI_PORT'])} and PMI_ID={quoted(environ['PMI_ID'])} say MPICH's or Intel MPI's "
+        "mpiexec (Hydra) started this process in its -pmi-port mode, which exports the rank but not how many ranks "
+        "there are (no PMI_RANK, PMI_SIZE): start mpiexec without -pmi-port (its default sets PMI_RANK and "
+        "PMI_SIZE), start the ranks with srun, or export RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE and "
+        "MASTER_ADDR/MASTER_PORT per rank",
+        "PMI_ID",
+        environ["PMI_ID"],
+    )
 
 
 def refuse_bare_pmix(environ: Mapping[str, str]) -> None:

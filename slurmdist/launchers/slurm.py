@@ -216,6 +216,23 @@ def hostfile_first_host(text: str, source: str) -> str:
     )
 
 
+def launch_nodes(environ: Mapping[str, str]) -> Optional[Tuple[str, int, str]]:
+    """(variable, node count, what it counts) for the Slurm launch this process runs in: an srun task step's
+    nodes, or in the batch script the job's (the script runs on the first of them); None elsewhere (an salloc
+    shell, outside Slurm). LaunchError on malformed values."""
+    job = job_id(environ)
+    if job is None:
+        return None
+    raw_step = _step_value(environ)
+    if raw_step is not None and raw_step not in NON_TASK_STEPS:
+        found, where = first_count(environ, NODES_VARIABLES, minimum=1), f"srun step {raw_step} of job {job}"
+    elif "SLURM_PROCID" in environ and (raw_step or "batch") in BATCH_STEPS:
+        found, where = first_count(environ, NODES_VARIABLES[1:], minimum=1), f"the batch script of job {job}"
+    else:
+        return None
+    return None if found is None else (*found, where)
+
+
 def check_outside_step(environ: Mapping[str, str]) -> Optional[str]:
     """In a job but not in an srun step: fail fast in a multi-task batch script, warn in an salloc shell.
 

@@ -178,6 +178,26 @@ def test_mpich_hydra_is_read_through_pmi_variables():
         assert (env.world_size, env.local_world_size, env.master_addr) == (4, 4, "127.0.0.1")
 
 
+def hydra_port_mode(rank: int, local_rank: int, local_size: int) -> dict:
+    """What Hydra's proxy gives a rank under `mpiexec -pmi-port` (MPICH's pmip_cb.c): PMI_PORT and PMI_ID in
+    place of PMI_FD, PMI_RANK and PMI_SIZE."""
+    return {"PMI_PORT": "node1:40000", "PMI_ID": str(rank), "MPI_LOCALRANKID": str(local_rank),
+            "MPI_LOCALNRANKS": str(local_size)}
+
+
+def test_hydra_port_mode_says_no_world_size_and_is_refused_not_run_alone():
+    with pytest.raises(LaunchError, match="-pmi-port mode") as raised:
+        detect(hydra_port_mode(2, 2, 4))
+    assert (raised.value.variable, raised.value.value) == ("PMI_ID", "2")
+    # Inside an allocation the proxy is an srun task, whose step variables the ranks inherit.
+    proxy_task = load_case("slurm/salloc_N2_mpirun_np4")[3]
+    with pytest.raises(LaunchError, match="PMI_ID='3'"):
+        detect({**proxy_task, **hydra_port_mode(3, 1, 2)})
+    # Hydra's default mode sets PMI_RANK/PMI_SIZE; a PMI_ID beside them is not read.
+    (first, *_) = load_case("mpi/mpich_np4")
+    assert detect({**first, "PMI_ID": first["PMI_RANK"], "PMI_PORT": "node1:40000"}).launcher == "pmi"
+
+
 def test_torchrun_variables_are_taken_as_they_are():
     (environ,) = load_case("torchrun/standalone_np4")
     env = detect(environ)
@@ -203,6 +223,39 @@ def test_torchrun_inside_srun_wins_over_the_step():
     srun_task = load_case("slurm/srun_N2_tpn2")[3]
     env = detect({**srun_task, **torchrun_env})
     assert env.launcher == "torchrun" and env.world_size == 4 and env.job_id == srun_task["SLURM_JOB_ID"]
+
+
+def torchrun_warnings(caplog, environ: dict) -> list:
+    with caplog.at_level(logging.WARNING, logger="slurmdist"):
+        env = detect(environ)
+    assert env.launcher == "torchrun"
+    return [r.getMessage() for r in caplog.records if "torchrun's group spans" in r.getMessage()]
+
+
+def test_torchrun_standalone_in_each_task_of_a_multi_node_step_warns_that_the_nodes_train_apart(caplog):
+    (torchrun_env,) = load_case("torchrun/standalone_np4")
+    task = load_case("slurm/srun_N2_tpn2")[3]
+    (warning,) = torchrun_warnings(caplog, {**task, **torchrun_env})
+    assert "GROUP_WORLD_SIZE=1" in warning and "SLURM_STEP_NUM_NODES=2" in warning and "train apart" in warning
+    assert f"srun step {task['SLURM_STEP_ID']} of job {task['SLURM_JOB_ID']}" in warning
+
+
+def test_torchrun_standalone_in_the_batch_script_of_a_multi_node_job_warns_that_nodes_idle(caplog):
+    (torchrun_env,) = load_case("torchrun/standalone_np4")
+    (batch_script,) = load_case("slurm/sbatch_N2_tpn2_batchstep")
+    (warning,) = torchrun_warnings(caplog, {**batch_script, **torchrun_env})
+    assert "the batch script of job" in warning and "the other 1 stay idle" in warning
+
+
+@pytest.mark.parametrize("case, extra", [
+    ("slurm/srun_N2_tpn2", {"GROUP_WORLD_SIZE": "2", "GROUP_RANK": "1", "WORLD_SIZE": "8"}),  # one group
+    ("slurm/srun_n1", {}),  # one node
+    ("slurm/salloc_N2_tpn2_shell", {}),  # the salloc shell: not a launch of its own
+    ("slurm/srun_N2_tpn2", {"SLURMDIST_LAUNCHER": "torchrun"}),  # apart on purpose
+])
+def test_torchrun_spanning_its_slurm_launch_does_not_warn(caplog, case, extra):
+    (torchrun_env,) = load_case("torchrun/standalone_np4")
+    assert torchrun_warnings(caplog, {**load_case(case)[0], **torchrun_env, **extra}) == []
 
 
 def test_mpirun_inside_an_allocation_is_read_from_mpi_variables_not_the_daemon_step():
@@ -362,6 +415,10 @@ def test_flux_node_rank_is_known_only_where_the_task_map_cannot_matter():
 def test_uneven_flux_layout_is_refused_rather_than_guessed():
     with pytest.raises(LaunchError, match="FLUX_JOB_NNODES=2"):
         detect({"FLUX_TASK_RANK": "0", "FLUX_TASK_LOCAL_ID": "0", "FLUX_JOB_SIZE": "3", "FLUX_JOB_NNODES": "2"})
+    # `flux run -n4` on 3-core nodes: 3 + 1, a count that divides. The third task of the full node can tell.
+    with pytest.raises(LaunchError, match="Flux spread the job unevenly.*flux run -N2 --tasks-per-node=2") as raised:
+        detect({"FLUX_TASK_RANK": "2", "FLUX_TASK_LOCAL_ID": "2", "FLUX_JOB_SIZE": "4", "FLUX_JOB_NNODES": "2"})
+    assert (raised.value.variable, raised.value.value) == ("FLUX_TASK_LOCAL_ID", "2")
 
 
 def test_nothing_is_a_single_process():
