@@ -131,11 +131,15 @@ _ABANDONED: List[Any] = []
 
 
 def mpi_share_master(comm: Any, env: DistEnv, master: Optional[str], deadline: Deadline) -> DistEnv:
-    """`env` with rank 0's "ADDRESS PORT" (`master`, given on rank 0 only) as master, and the node numbers
-    the launcher left out taken from every rank's host name (`number_nodes`, `with_node_numbers`). Both go in
-    one round: a broadcast and an allgather started together and polled against the deadline."""
+    """`env` with rank 0's "ADDRESS PORT" (`master`, given on rank 0 only) as master, rank 0's job id, and the
+    node numbers the launcher left out taken from every rank's host name (`number_nodes`, `with_node_numbers`).
+    All go in one round: a broadcast and an allgather started together and polled against the deadline.
+
+    The job id names the rendezvous keys, so every rank must hold the same one: ranks that mpirun started
+    over ssh inside a batch job (`--mca plm rsh`) get no SLURM_JOB_ID, which Open MPI does not forward."""
     MPI = sys.modules["mpi4py.MPI"]
-    shared = _padded(master or "", 512)  # a host name (at most 253 bytes), a space and a port
+    said = f"{master} {env.job_id or ''}" if master else ""
+    shared = _padded(said, 512)  # a host name (at most 253 bytes), a port and a job id, between spaces
     mine = _padded(f"{socket.gethostname()} {env.local_world_size}", HOST_ENTRY_SIZE)
     hosts = bytearray(HOST_ENTRY_SIZE * comm.Get_size())
     requests = [comm.Ibcast(shared, root=0), comm.Iallgather(mine, hosts)]
@@ -152,9 +156,10 @@ def mpi_share_master(comm: Any, env: DistEnv, master: Optional[str], deadline: D
             )
         time.sleep(next(pauses))
     _abort_at_exit(0)  # a retry the caller made after a timeout went through: finalize as usual
-    addr, port = _unpadded(shared).split()
+    addr, port, *job = _unpadded(shared).split(maxsplit=2)
     entries = [_unpadded(hosts[i:i + HOST_ENTRY_SIZE]) for i in range(0, len(hosts), HOST_ENTRY_SIZE)]
-    return with_node_numbers(env.replace(master_addr=addr, master_port=int(port)), *number_nodes(entries, env.rank))
+    shared_env = env.replace(master_addr=addr, master_port=int(port), job_id=job[0] if job else None)
+    return with_node_numbers(shared_env, *number_nodes(entries, env.rank))
 
 
 def with_node_numbers(env: DistEnv, node_rank: Optional[int], num_nodes: Optional[int]) -> DistEnv:

@@ -748,10 +748,10 @@ def connect(env: DistEnv, deadline: Deadline, environ: Mapping[str, str], genera
         FIRST_ENTRY.append(time.monotonic())
     agent_store = agent_serves_store(environ)
     env = _slurm_master(env, environ, deadline)
-    base = run_prefix(env, environ, generation)
     foreign_store_possible = not agent_store
     if env.master_addr is None or env.master_port is None:
         store, env, reach = _mpi_store(env, deadline, environ)
+        base = run_prefix(env, environ, generation)  # with rank 0's job id, which MPI shared
         foreign_store_possible = False
         try:
             keys = current_keys(store, base, env.world_size)
@@ -766,6 +766,7 @@ def connect(env: DistEnv, deadline: Deadline, environ: Mapping[str, str], genera
             host, candidates = resolve_addresses(env.master_addr, environ, deadline.at_most(LOOKUP_BOUND))
             shortcut = False
             env = env.replace(master_addr=host)
+        base = run_prefix(env, environ, generation)
         store, peer, keys = open_meeting(host, env, base, deadline, not agent_store, candidates)
         reach = None if shortcut else peer
     meeting = Rendezvous(store, env, keys, deadline, reach, foreign_store_possible)

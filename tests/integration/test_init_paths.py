@@ -260,3 +260,16 @@ def test_mpirun_across_two_nodes_shares_the_master_and_numbers_the_nodes(start):
     assert result.returncode == 0, result.stdout + result.stderr
     found = check_allreduce(result.stdout, 4, launcher="plain" if start == "slurmdist run" else "openmpi")
     assert [r["node"] for r in sorted(found, key=lambda r: r["rank"])] == [[0, 2], [0, 2], [1, 2], [1, 2]]
+
+
+def test_mpirun_ranks_without_the_batch_jobs_id_meet_under_rank_0s():
+    # mpirun over ssh inside a batch job (`--mca plm rsh`): the ranks on the batch node inherit SLURM_JOB_ID,
+    # those started over ssh do not (Open MPI forwards OMPI_* and -x only). The job id names the rendezvous keys.
+    if os.geteuid() != 0:
+        missing_prerequisite("naming each rank's host (unshare -u) needs root")
+    env = clean_environ(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", SLURMDIST_INIT_TIMEOUT="30")
+    batch_node_only = f'[ "$OMPI_COMM_WORLD_RANK" -lt 2 ] && export SLURM_JOB_ID=4242; {TWO_FAKE_NODES}'
+    result = run([tool("mpirun"), "-np", "4", "--oversubscribe", require("unshare"), "-u", "sh", "-c", batch_node_only,
+                  "sh", PYTHON, ALLREDUCE, "slurmdist"], env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    check_allreduce(result.stdout, 4, launcher="openmpi")
