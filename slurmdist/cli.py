@@ -368,7 +368,7 @@ def _standard_input_hosts() -> str:
         raise SlurmdistError("hostlist: - reads the hosts from standard input, which is closed; pipe them in, "
                              "or give them as arguments")
     try:
-        return ",".join(sys.stdin.read().split())
+        return sys.stdin.read()  # as written: an error then quotes the text given, line ends and all
     except OSError as error:  # a terminal gone away (EIO): not the write error the top level would call it
         raise SlurmdistError(f"hostlist: cannot read the hosts from standard input: {error.strerror or error}") from None
 

@@ -7,7 +7,8 @@ installed where the job runs, e.g. inside a container).
 
 Grammar (checked against Slurm 22.05's scontrol):
 
-- items are separated by commas, spaces, tabs or newlines; empty items are ignored (``a,,b`` is ``a b``);
+- items are separated by commas, spaces or tabs, and here also by line ends (Slurm takes a newline or a carriage
+  return as part of a name; here they let a list be read from a file); empty items are ignored (``a,,b`` is ``a b``);
 - an item is a name with zero or more bracket groups ``[r1,r2,...]``; each range is ``N`` or ``LO-HI`` with
   ASCII digits and ``LO <= HI``; numbers are zero-padded to the width of their lower bound as written
   (``n[098-102]``, ``n[1,02,003]``, ``n[01-3]`` gives ``n01 n02 n03``, ``n[9-010]`` gives ``n9 n10``);
@@ -48,8 +49,10 @@ MAX_NAME_LENGTH = 255
 _MAX_NUMBER = (1 << 64) - 1
 _MAX_DIGITS = len(str(_MAX_NUMBER))
 
-_SEP = r"[, \t\n]"
-_PLAIN = r"[^, \t\n\[\]]"
+#: What separates items: Slurm's comma, space and tab, and line ends (a list read from a file, CRLF too).
+_SEPARATORS = ", \t\r\n"
+_SEP = r"[, \t\r\n]"
+_PLAIN = r"[^, \t\r\n\[\]]"
 _ITEM = rf"{_PLAIN}*(?:\[[^\[\]]*\]{_PLAIN}*)*"
 _GRAMMAR = {
     # Unambiguous (items are non-empty and cannot start with a separator), so matching stays linear even
@@ -115,7 +118,7 @@ def _diagnose_body(text: str, pos: int, body: str) -> NoReturn:
         if not low:
             _fail(text, pos, f"range {piece!r} has no lower bound")
         if dash and not high:
-            _fail(text, pos, f"range {piece!r} has no upper bound")
+            _fail(text, pos, f"range {piece!r} has no upper bound: give both ('1-8') or one number")
         if not _re("range").fullmatch(piece):
             _fail(text, pos, f"range {piece!r} may contain only the digits 0-9 and one '-'")
         pos += len(piece) + 1
@@ -151,9 +154,11 @@ def _parse_group(text: str, pos: int, body: str) -> Tuple[List[Range], int, int]
         high = _number(high_digits) if high_digits else low
         if low is None or high is None:
             too_big = low_digits if low is None else high_digits
-            _fail(text, _range_pos(pos, body, index), f"number {too_big[:40]!r} is larger than 2**64-1")
+            _fail(text, _range_pos(pos, body, index), f"number {too_big[:40]!r} is larger than 2**64-1, "
+                  "which no Slurm node number is: check the list for digits run together")
         if high < low:
-            _fail(text, _range_pos(pos, body, index), f"descending range '{low_digits}-{high_digits}'")
+            _fail(text, _range_pos(pos, body, index), f"descending range '{low_digits}-{high_digits}': "
+                  f"Slurm ranges go up, write '{high_digits}-{low_digits}'")
         ranges.append((low, high, width))
         total += high - low + 1
         widest = max(widest, width, len(str(high)))
@@ -209,6 +214,11 @@ def _items(text: str) -> Iterator[Tuple[int, str]]:
         yield match.start(), match.group()
 
 
+def _spaced(text: str) -> bool:
+    """Whether any separator other than a comma is in `text` (the fast paths split on commas alone)."""
+    return " " in text or "\t" in text or "\n" in text or "\r" in text
+
+
 def _one_bracketed_item(text: str) -> bool:
     """Whether the whole text is one item with closed, unnested brackets and no separator outside them
     (`r[01-64]n[001-128]`): what the list pattern would say of it, found with string methods, so a process's
@@ -217,7 +227,7 @@ def _one_bracketed_item(text: str) -> bool:
     while True:
         opening = text.find("[", position)
         outside = text[position:] if opening < 0 else text[position:opening]
-        if "]" in outside or any(separator in outside for separator in ", \t\n"):
+        if "]" in outside or any(separator in outside for separator in _SEPARATORS):
             return False
         if opening < 0:
             return True
@@ -432,7 +442,7 @@ def _count_one_group(body: str) -> Optional[int]:
 
 def _expand_plain(text: str, limit: int) -> List[str]:
     """Fast path for a list without brackets: just split it."""
-    if " " in text or "\t" in text or "\n" in text:
+    if _spaced(text):
         parts = _re("separators").split(text)
     else:
         parts = text.split(",")
@@ -511,7 +521,7 @@ def _build_item(text: str, start: int, item: str, room: int) -> Optional[List[st
 def _several_items(text: str) -> bool:
     """More than one item (a separator outside brackets is the only way); cheap, no parsing."""
     stripped = text.strip()
-    return any(separator in stripped for separator in ", \t\n")
+    return any(separator in stripped for separator in _SEPARATORS)
 
 
 def _concat(hosts: List[str], more: List[str]) -> List[str]:
@@ -538,7 +548,7 @@ def _lone_item(text: str) -> Optional[Tuple[str, Optional[List[Tuple[str, str]]]
     """(prefix, the ranges' digits or None, suffix) when the whole list is one ordinary item -- ``name`` or
     ``prefix[ranges]suffix`` with no separator outside the brackets, as Slurm writes a one-group nodelist --
     else None. Read with string methods only, so a job's own nodelist never compiles the grammar."""
-    if " " in text or "\t" in text or "\n" in text:
+    if _spaced(text):
         return None
     prefix, bracket, rest = text.partition("[")
     if not bracket:
@@ -608,7 +618,7 @@ def first(text: str) -> str:
             return prefix + low_digits + after  # a bound is printed as written
     match = _re("first").match(text)
     if match is None:
-        if not text.strip(", \t\n"):
+        if not text.strip(_SEPARATORS):
             raise HostlistError(f"Slurm hostlist {quoted(text)} names no host, so it has no first one: give a list "
                                 "such as node[1-4] (outside a job, $SLURM_JOB_NODELIST is empty)")
         # The scan stops at the first bracket error, which lies in or right after the first item.

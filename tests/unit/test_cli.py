@@ -223,6 +223,10 @@ def test_hostlist_reads_standard_input_for_a_dash():
     # `scontrol show hostnames | slurmdist hostlist compress -`: one host per line, or spaces and commas.
     assert hostlist("compress", "-", stdin="n1\nn2\nn3\n n7 n8,n9\n").stdout == "n[1-3,7-9]\n"
     assert hostlist("expand", "-", "m1", stdin="n[1-2]\n").stdout.split() == ["n1", "n2", "m1"]
+    assert hostlist("compress", "-", stdin="n1\r\nn2\r\n").stdout == "n[1-2]\n"  # CRLF line ends
+    # An error quotes the text as it came, not as rejoined from its words.
+    refused = hostlist("expand", "-", stdin="n[1, 2]\n")
+    assert refused.returncode == 2 and "'n[1, 2]\\n'" in refused.stderr and "' 2'" in refused.stderr, refused.stderr
     assert hostlist("count", "-", stdin="").stdout == "0\n"  # as `wc -l` counts an empty pipe
     assert hostlist("expand", "-", stdin="").stdout == ""  # no host, no line
     assert hostlist("compress", "-", stdin="").stdout == ""  # nor a blank one

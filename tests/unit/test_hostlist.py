@@ -44,6 +44,8 @@ GOOD = [
     ("n[0000000000000000000001-2]", ["n0000000000000000000001", "n0000000000000000000002"]),
     ("r[01-02]n[1,3]", ["r01n1", "r01n3", "r02n1", "r02n3"]),
     ("n[8-12,0095-0101]", ["n8", "n9", "n10", "n11", "n12"] + [f"n{i:04d}" for i in range(95, 102)]),
+    ("n[1-2]\r\nm[3-4]\r\n", ["n1", "n2", "m3", "m4"]),  # a file with CRLF line ends
+    ("a\rb", ["a", "b"]),
 ]
 
 
@@ -57,7 +59,7 @@ def test_expand(text: str, hosts: list) -> None:
 
 # (input, words the message must contain)
 BAD = [
-    ("n[3-1]", ["descending", "'3-1'", "position 2"]),
+    ("n[3-1]", ["descending", "'3-1'", "position 2", "write '1-3'"]),
     ("n[1,5-2]", ["descending", "'5-2'", "position 4"]),
     ("n[]", ["empty range"]),
     ("[]", ["empty range"]),
@@ -77,7 +79,7 @@ BAD = [
     ("n[1--3]", ["'1--3'"]),
     ("n[1-2-3]", ["'1-2-3'"]),
     ("n[-3]", ["no lower bound"]),
-    ("n[1-]", ["no upper bound"]),
+    ("n[1-]", ["no upper bound", "give both"]),
     ("n[+1]", ["'+1'"]),
     ("n[ 1-2]", ["' 1-2'"]),
     ("n[1-2 ]", ["'1-2 '"]),
