@@ -71,6 +71,10 @@ class DistEnv:
     def master_endpoint(self) -> Tuple[str, int]:
         """`(master_addr, master_port)` where the code needs both (after `resolve_master()` filled them)."""
         if self.master_addr is None or self.master_port is None:
+            if self.world_size == 1:
+                raise LaunchError(f"{self.launcher}: a single process (world size 1) has no master port: init() forms "
+                                  "its group without a rendezvous. Check env.world_size > 1 first, or call "
+                                  "slurmdist.rendezvous.resolve_master(env), which picks a free port")
             raise LaunchError(f"{self.launcher}: the master address and port are not resolved yet "
                               f"({self.master_addr}:{self.master_port}): resolve them first with "
                               "slurmdist.rendezvous.resolve_master(env) (init() does)")

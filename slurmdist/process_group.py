@@ -23,7 +23,7 @@ from typing import Any, Iterator, List, Mapping, Optional
 # hostlist: detect() reads a Slurm nodelist with it. Loaded with the rest of init()'s modules (when
 # `slurmdist.init` is first looked up), not inside init(), where each rank's half millisecond of loading
 # would hold up the whole group on busy cores.
-from . import backends, bounds, devices, hostlist, hosts, interfaces, rendezvous, store_server  # noqa: F401
+from . import backends, bounds, devices, hostlist, hosts, interfaces, rendezvous, requeue, store_server  # noqa: F401
 from .detection import detect, is_own_srun_task
 from .distenv import DistEnv
 from .envvars import require_mapping
@@ -82,6 +82,7 @@ def init(
         seconds = bounds.init_timeout(timeout, environ)
         try:
             env = detect(environ)
+            requeue.carry_on_past_the_warning(environ)  # the job scripts' warning signal must not kill the job
             env = _choose_device(env, backend, device, environ)
             _check_gloo_interface(env, environ)
             # The bound starts with the rendezvous, not before the local choices (which import torch).

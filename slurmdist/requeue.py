@@ -371,6 +371,29 @@ def install(
     return Preemption(parse_signal(sig, environ), requeue_limit(max_requeues, environ), rank).install()
 
 
+def carry_on_past_the_warning(environ: Mapping[str, str]) -> None:
+    """In a Slurm job, keep the requeue signal (SLURMDIST_REQUEUE_SIGNAL, else USR2) from killing a program
+    that does not handle it: slurmdist's job scripts ask Slurm for it, and a training script without
+    `install()` would die of it two minutes early, FAILED instead of TIMEOUT, and never requeued. `init()`
+    calls this. Where the signal's action is still the default (no handler of the program's, none of
+    submitit's), it is then logged when it comes, and the job runs on until Slurm ends it."""
+    if "SLURM_JOB_ID" not in environ or threading.current_thread() is not threading.main_thread():
+        return
+    try:
+        sig = parse_signal(None, environ)
+    except RequeueError:  # a bad SLURMDIST_REQUEUE_SIGNAL: install() reports it to the program that uses it
+        return
+    if signal.getsignal(sig) == signal.SIG_DFL:
+        signal.signal(sig, _log_the_warning)
+
+
+def _log_the_warning(signum: int, frame: Optional[FrameType]) -> None:
+    log.warning("slurmdist: got %s, Slurm's warning that this job nears its time limit or is being preempted "
+                "(the job's --signal). Nothing in this program saves on it: call slurmdist.requeue.install() to "
+                "checkpoint and requeue then (docs/submit.md). Running on until Slurm ends the job",
+                signal.Signals(signum).name)
+
+
 def launcher_rank(environ: Mapping[str, str]) -> int:
     """This process's global rank as the launcher exported it (0 when there is none)."""
     from .detection import detect

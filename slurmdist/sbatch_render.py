@@ -299,6 +299,9 @@ def _check_devices_per_rank(spec: JobSpec) -> None:
 
 # Slurm >= 22.05: srun no longer inherits --cpus-per-task from the allocation; a job script hands it on.
 HAND_ON_CPUS_PER_TASK = "if [[ -n ${SLURM_CPUS_PER_TASK:-} ]]; then export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK; fi"
+# sbatch --export=NONE (or NIL) leaves SLURM_EXPORT_ENV so in the batch script, and every srun in it (mpirun's
+# too) would start its tasks without the script's environment: no PATH, nothing the --setup lines set up.
+HAND_ON_ENVIRONMENT = "case ${SLURM_EXPORT_ENV:-} in NONE | none | NIL | nil) export SLURM_EXPORT_ENV=ALL ;; esac"
 
 
 # Run with bash, the script would stop at its first job variable ("SLURM_JOB_ID: unbound variable").
@@ -318,8 +321,9 @@ def render(spec: JobSpec) -> str:
     if spec.signal:
         name, delay = _warning_of(spec.signal)
         lines += [f"# --signal: every task gets {_signal_called(name)} {delay} s before the time limit. The command",
-                  "# must handle it (slurmdist.requeue.install(), or a handler of its own: save, then requeue or go on),",
-                  "# or the signal kills it. Render with --signal '' for no warning.", "#"]
+                  "# should handle it (slurmdist.requeue.install(), or a handler of its own: save, then requeue or go",
+                  "# on). slurmdist.init() logs it in a program without one, which runs on; it kills any other",
+                  "# command. Render with --signal '' for no warning.", "#"]
     lines += [f"#SBATCH {option}" for option in sbatch_options(spec)]
     lines += ["", "set -euo pipefail", *NOT_IN_A_JOB]
     if spec.signal:
@@ -330,6 +334,8 @@ def render(spec: JobSpec) -> str:
             "# Slurm >= 22.05: srun no longer inherits --cpus-per-task from the allocation; hand it on when set.",
             HAND_ON_CPUS_PER_TASK,
         ]
+    lines += ["# Submitted with --export=NONE: srun would start the tasks with no environment; hand this one on.",
+              HAND_ON_ENVIRONMENT]
     if spec.share_devices:
         lines += ["# Asked for with --share-devices: more ranks per node than devices, on purpose.",
                   "export SLURMDIST_SHARE_DEVICES=1"]

@@ -112,22 +112,39 @@ def test_a_job_submitted_from_elsewhere_is_told_where_to_submit_from(path, tmp_p
     assert list(tmp_path.iterdir()) == []  # before it makes runs/ there
 
 
-@pytest.mark.parametrize("path", JOB_SCRIPTS, ids=lambda p: p.name)
-def test_a_job_that_sbatch_chdir_started_in_the_repository_runs_there(path, tmp_path):
-    # `sbatch --chdir=ROOT sbatch/...` from elsewhere: sbatch starts the script in ROOT. The scripts cd'd to
-    # SLURM_SUBMIT_DIR and then said to submit from the repository root.
+def run_with_stub_launchers(path: Path, tmp_path: Path, **environ: str) -> subprocess.CompletedProcess:
+    """`path` run from the repository as a one-node job, with srun, mpirun and scontrol that only say where they
+    started and with which SLURM_EXPORT_ENV."""
     tools = tmp_path / "bin"
-    tools.mkdir()
+    tools.mkdir(parents=True)
     for name in ("srun", "mpirun", "scontrol"):
-        (tools / name).write_text(f'#!/bin/sh\necho "{name} started in $PWD"\n')
+        (tools / name).write_text(f'#!/bin/sh\necho "{name} started in $PWD, SLURM_EXPORT_ENV=$SLURM_EXPORT_ENV"\n')
         (tools / name).chmod(0o755)
     env = {"PATH": f"{tools}:/usr/bin:/bin", "SLURM_SUBMIT_DIR": str(tmp_path), "SLURM_JOB_ID": "7",
            "SLURM_JOB_NAME": "job", "SLURM_ARRAY_JOB_ID": "7", "SLURM_ARRAY_TASK_ID": "0", "SLURM_JOB_NODELIST": "node1",
            "SLURM_JOB_NUM_NODES": "1", "SLURM_NNODES": "1", "SLURM_NTASKS": "1",
-           "TRAIN_DIR": str(tmp_path / "runs")}
-    done = subprocess.run(["bash", str(path)], cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT, env=env)
+           "TRAIN_DIR": str(tmp_path / "runs"), **environ}
+    return subprocess.run(["bash", str(path)], cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT, env=env)
+
+
+@pytest.mark.parametrize("path", JOB_SCRIPTS, ids=lambda p: p.name)
+def test_a_job_that_sbatch_chdir_started_in_the_repository_runs_there(path, tmp_path):
+    # `sbatch --chdir=ROOT sbatch/...` from elsewhere: sbatch starts the script in ROOT. The scripts cd'd to
+    # SLURM_SUBMIT_DIR and then said to submit from the repository root.
+    done = run_with_stub_launchers(path, tmp_path)
     assert "repository root" not in done.stderr, done.stderr
     assert f"started in {REPO}" in done.stdout, done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("path", JOB_SCRIPTS, ids=lambda p: p.name)
+def test_a_job_submitted_with_export_none_hands_its_environment_to_srun(path, tmp_path):
+    # sbatch --export=NONE leaves SLURM_EXPORT_ENV=NONE in the script; srun (mpirun's too) would start the tasks
+    # with no environment, without what lines added to a copy of the script set up.
+    done = run_with_stub_launchers(path, tmp_path, SLURM_EXPORT_ENV="NONE")
+    assert "SLURM_EXPORT_ENV=ALL" in done.stdout and "SLURM_EXPORT_ENV=NONE" not in done.stdout, \
+        done.stdout + done.stderr
+    kept = run_with_stub_launchers(path, tmp_path / "kept", SLURM_EXPORT_ENV="PATH,HOME")  # a list is left as given
+    assert "SLURM_EXPORT_ENV=PATH,HOME" in kept.stdout, kept.stdout + kept.stderr
 
 
 @pytest.mark.parametrize("layout, says", [

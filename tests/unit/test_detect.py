@@ -705,3 +705,6 @@ def test_master_endpoint_is_both_halves_or_says_how_to_get_them():
     unresolved = DistEnv("openmpi", 1, 1, 4, 2, None, None, None, None, None)
     with pytest.raises(LaunchError, match=r"openmpi: the master address and port are not resolved yet .*resolve_master"):
         unresolved.master_endpoint()
+    # One process: init() forms its group with no rendezvous and leaves the port unset; "init() does" was wrong.
+    with pytest.raises(LaunchError, match=r"single: a single process \(world size 1\) has no master port"):
+        detect({}).master_endpoint()

@@ -343,7 +343,7 @@ def test_the_warning_signal_is_spelled_as_slurm_does_and_explained_at_the_top():
     script = render(JobSpec(command=("python", "t.py"), time="30", signal="usr2@300"))
     assert "#SBATCH --signal=USR2@300\n" in script
     head = script.split("#SBATCH", 1)[0]
-    assert "every task gets SIGUSR2 300 s before the time limit" in head and "or the signal kills it" in head
+    assert "every task gets SIGUSR2 300 s before the time limit" in head and "it kills any other" in head
     for spelled in ("SIGUSR2@300", "12@300", "R:usr2@300"):  # not SIGSIGUSR2, nor SIG12
         script = render(JobSpec(command=("python", "t.py"), time="30", signal=spelled))
         assert "every task gets SIGUSR2 300 s" in script

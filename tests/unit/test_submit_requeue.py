@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -10,8 +11,8 @@ import sys
 import pytest
 
 from slurmdist.requeue import (
-    LOCAL_MAX_RESTARTS, Action, LocalRestarts, Preemption, RequeueError, Resumable, install, local_restarts_file,
-    _run_requeue, parse_signal, plan, requeue_limit, restart_count,
+    LOCAL_MAX_RESTARTS, Action, LocalRestarts, Preemption, RequeueError, Resumable, carry_on_past_the_warning, install,
+    local_restarts_file, _run_requeue, parse_signal, plan, requeue_limit, restart_count,
 )
 from tests.conftest import load_case
 
@@ -277,3 +278,43 @@ def test_resumable_listens_only_while_it_runs(tmp_path, monkeypatch):
 def test_resumable_keeps_an_absolute_checkpoint_path(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert Counting("ckpt.pt").checkpoint_path == tmp_path / "ckpt.pt"
+
+
+@pytest.fixture
+def default_warning_signals():
+    """SIGUSR2 and SIGURG at their default actions for the test, and back as they were after it."""
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGUSR2, signal.SIGURG)}
+    for sig in previous:
+        signal.signal(sig, signal.SIG_DFL)
+    yield
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)
+
+
+def test_init_keeps_the_warning_signal_from_killing_a_program_that_does_not_handle_it(default_warning_signals,
+                                                                                        caplog):
+    # The job scripts ask Slurm for SIGUSR2 before the limit: a script without slurmdist.requeue died of it.
+    carry_on_past_the_warning({"SLURM_JOB_ID": "7"})
+    with caplog.at_level(logging.WARNING, logger="slurmdist"):
+        os.kill(os.getpid(), signal.SIGUSR2)  # the default action would end this process here
+        for _ in range(100):  # Python runs the handler at its next check
+            if caplog.records:
+                break
+    assert "got SIGUSR2, Slurm's warning" in caplog.text and "slurmdist.requeue.install()" in caplog.text
+    # The signal the job scripts ask for under SLURMDIST_REQUEUE_SIGNAL.
+    carry_on_past_the_warning({"SLURM_JOB_ID": "7", "SLURMDIST_REQUEUE_SIGNAL": "URG"})
+    assert signal.getsignal(signal.SIGURG) is not signal.SIG_DFL
+
+
+def test_a_handler_of_the_programs_own_and_processes_outside_a_job_are_left_alone(default_warning_signals):
+    carry_on_past_the_warning({})  # outside a job nothing asked for the signal
+    assert signal.getsignal(signal.SIGUSR2) is signal.SIG_DFL
+    carry_on_past_the_warning({"SLURM_JOB_ID": "7", "SLURMDIST_REQUEUE_SIGNAL": "USR3"})  # install() says why
+    assert signal.getsignal(signal.SIGUSR2) is signal.SIG_DFL
+
+    def own(signum, frame):
+        pass
+
+    signal.signal(signal.SIGUSR2, own)
+    carry_on_past_the_warning({"SLURM_JOB_ID": "7"})
+    assert signal.getsignal(signal.SIGUSR2) is own

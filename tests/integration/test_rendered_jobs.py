@@ -1,0 +1,58 @@
+"""`slurmdist sbatch` scripts submitted to the real cluster the way sites submit them."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.integration.cluster import PYTHON
+
+pytestmark = pytest.mark.integration
+
+TIMEOUT = 120
+PRINT_PROBE = "import os; print('task', os.environ['SLURM_PROCID'], 'sees', os.environ.get('PROBE'))"
+
+
+def test_setup_lines_reach_the_tasks_of_a_job_submitted_with_export_none(slurm_cluster, tmp_path):
+    # Sites that submit with --export=NONE are why --setup exists: the job starts without the caller's
+    # environment, and sbatch leaves SLURM_EXPORT_ENV=NONE in the batch script, which srun inherits, so the
+    # tasks started with nothing ("execve(): python: No such file or directory").
+    script = slurm_cluster.run(
+        [PYTHON, "-m", "slurmdist", "sbatch", "-N2", "--tasks-per-node", "1", "--device", "cpu", "--time", "5",
+         "--output", f"{tmp_path}/%j.out", "--setup", "export PROBE=set-up", "--", PYTHON, "-c", PRINT_PROBE],
+        timeout=TIMEOUT).stdout
+    submitted = slurm_cluster.run(["sbatch", "--parsable", "--wait", "--export=NONE"], input=script,
+                                  timeout=TIMEOUT, check=False, cwd=tmp_path)
+    (log,) = tmp_path.glob("*.out")
+    output = log.read_text()
+    assert submitted.returncode == 0, submitted.stderr + output
+    assert sorted(line for line in output.splitlines() if line.startswith("task ")) == \
+        ["task 0 sees set-up", "task 1 sees set-up"], output
+
+
+# Ready once the group formed, then a long step; says when it got to the end.
+TRAIN_ON = ("import time, slurmdist; env = slurmdist.init(); print('ready', env.rank, flush=True); "
+            "time.sleep(6); print('done', env.rank, flush=True)")
+
+
+def test_a_program_without_a_requeue_handler_runs_on_past_the_warning_signal(slurm_cluster, tmp_path):
+    # The scripts ask for SIGUSR2 before the limit (--signal). A training script that never installs
+    # slurmdist.requeue died of it, FAILED two minutes early: init() now logs it and carries on.
+    script = slurm_cluster.run(
+        [PYTHON, "-m", "slurmdist", "sbatch", "-N1", "--tasks-per-node", "2", "--device", "cpu", "--time", "5",
+         "--output", f"{tmp_path}/job.out", "--", PYTHON, "-c", TRAIN_ON], timeout=TIMEOUT).stdout
+    assert "--signal=USR2@120" in script
+    job = slurm_cluster.run(["sbatch", "--parsable"], input=script, timeout=TIMEOUT, cwd=tmp_path).stdout.strip()
+    log = tmp_path / "job.out"
+    deadline = time.monotonic() + TIMEOUT
+    while not (log.exists() and log.read_text().count("ready") == 2):
+        assert time.monotonic() < deadline, log.read_text() if log.exists() else "no log"
+        time.sleep(0.2)
+    slurm_cluster.run(["scancel", "--signal=USR2", job], timeout=30)  # what --signal sends, to every task
+    while slurm_cluster.run(["squeue", "-h", "-j", job], check=False, timeout=30).stdout.strip():
+        assert time.monotonic() < deadline, log.read_text()
+        time.sleep(0.3)
+    output = log.read_text()
+    assert output.count("got SIGUSR2, Slurm's warning") == 2 and sorted(
+        line for line in output.splitlines() if line.startswith("done")) == ["done 0", "done 1"], output
