@@ -31,7 +31,16 @@ class _TasksPerNodeOnly(argparse.Action):
                                            "--tasks-per-node N with --nodes M (M x N tasks in all)")
 
 
+class _GpusPerNodeOnly(argparse.Action):
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: Any = None) -> None:
+        raise argparse.ArgumentError(self, "sbatch's --gpus counts the whole job's GPUs; slurmdist asks for them per "
+                                           "node (one task each): give --gpus-per-node N with --nodes M (M x N GPUs "
+                                           "in all)")
+
+
 def refuse_ntasks(parser: Any) -> None:
-    """Refuse sbatch's `--ntasks`/`-n` by name: argparse would read `--ntasks 8` as an abbreviation of
-    `--ntasks-per-node 8` and ask for 8 tasks on every node."""
+    """Refuse sbatch's job-wide `--ntasks`/`-n` and `--gpus` by name, saying what slurmdist asks for instead: a
+    plain "unrecognized arguments" would not say why sbatch's own spelling is wrong here."""
     parser.add_argument("--ntasks", "-n", action=_TasksPerNodeOnly, help=argparse.SUPPRESS)
+    parser.add_argument("--gpus", action=_GpusPerNodeOnly, help=argparse.SUPPRESS)

@@ -87,7 +87,13 @@ def _silence_stdout() -> None:
 
 class _Parser(argparse.ArgumentParser):
     """Reports a failed write of --help or --version (`> /dev/full`, `>&-`) as every other output's, where
-    argparse ignores it and exits 0 having printed nothing."""
+    argparse ignores it and exits 0 having printed nothing. Takes no abbreviated options: sbatch's own
+    spellings are prefixes of slurmdist's (`--gpus 8`, a job's total there, would read as `--gpus-per-node 8`,
+    `--cpus` as `--cpus-per-task`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def _print_message(self, message: str, file: Any = None) -> None:
         if file is None and sys.stdout is None:  # print_help() and --version were given the closed stdout
@@ -311,15 +317,19 @@ def _unstartable(program: str, search_path: str) -> Optional[Tuple[str, int]]:
 
 def _interpreter_missing(program: str, path: str) -> Optional[Tuple[str, int]]:
     """For a script whose #! line names an interpreter that does not exist (a console script of a deleted
-    environment), or one that is not executable, what exec would fail with (ENOENT 127, EACCES 126); None
-    otherwise."""
+    environment), or one that is not executable, what exec would fail with (ENOENT 127, EACCES 126); for a
+    text file with no #! line, which a shell would run but exec cannot (ENOEXEC), 126; None otherwise."""
     try:
         with open(path, "rb") as script:
             first = script.readline(256)
     except OSError:
         return None
     if not first.startswith(b"#!"):
-        return None
+        if first.startswith(b"\x7fELF") or b"\0" in first:  # a program: exec decides
+            return None
+        return (f"cannot run {program!r}: it is a text file without a #! first line, which only a shell would "
+                "run: add one (#!/bin/bash, or #!/usr/bin/env python3), or name its interpreter (bash "
+                f"{program}) (on {os.uname().nodename})", 126)
     words = first[2:].split()
     interpreter = os.fsdecode(words[0]) if words else ""
     if not interpreter or (os.path.isfile(interpreter) and os.access(interpreter, os.X_OK)):

@@ -195,8 +195,14 @@ def test_run_reports_a_command_the_kernel_cannot_execute(tmp_path):
     script.write_text("echo no interpreter line\n")
     script.chmod(0o755)
     result = slurmdist("run", "--", str(script), environ=clean_environ())
-    assert result.returncode == 126 and "Exec format error" in result.stderr, result.stderr
-    assert "Traceback" not in result.stderr
+    # Found before anything starts (rank 0 served the store first), saying what a shell would have done.
+    assert result.returncode == 126 and "a text file without a #! first line" in result.stderr, result.stderr
+    assert f"(bash {script})" in result.stderr and "Traceback" not in result.stderr
+    binary = tmp_path / "program"
+    binary.write_bytes(b"\x7fELF\x02\x01\x01" + bytes(64))  # a program exec cannot load: exec's own words
+    binary.chmod(0o755)
+    broken = slurmdist("run", "--", str(binary), environ=clean_environ())
+    assert broken.returncode == 126 and "Exec format error" in broken.stderr, broken.stderr
 
 
 def test_hostlist_subcommand():

@@ -256,6 +256,21 @@ def test_sbatch_ntasks_is_refused_not_read_as_tasks_per_node(capsys):
         assert "give --tasks-per-node N with --nodes M" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv, says", [
+    # sbatch's --gpus is the job's total; it was read as an abbreviation of --gpus-per-node: N x the GPUs.
+    (["sbatch", "-N", "2", "--gpus", "8", "--", "python", "t.py"], "give --gpus-per-node N with --nodes M"),
+    (["submit", "--cluster", "local", "--gpus", "8", "--", "true"], "sbatch's --gpus counts the whole job's GPUs"),
+    # Any other prefix of an option is not that option either (sbatch's --cpus-per-gpu is not --cpus-per-task).
+    (["sbatch", "--device", "cpu", "--cpus", "4", "--", "python", "t.py"], "unrecognized arguments: --cpus"),
+    (["sbatch", "--device", "cpu", "--tasks", "3", "--", "python", "t.py"], "unrecognized arguments: --tasks"),
+    (["hostlist", "expand", "n[1-3]", "--lim", "2"], "unrecognized arguments: --lim"),
+])
+def test_sbatchs_job_wide_gpus_and_abbreviated_options_are_refused(capsys, argv, says):
+    with pytest.raises(SystemExit) as refused:
+        cli.main(argv)
+    assert refused.value.code == 2 and says in capsys.readouterr().err
+
+
 def test_sbatchs_own_spelling_of_tasks_per_node_is_taken(capsys):
     # `--ntasks-per-node` is what sbatch users type; it was "unrecognized arguments".
     assert cli.main(["sbatch", "--device", "cpu", "--ntasks-per-node", "3", "--", "python", "train.py"]) == 0
