@@ -65,6 +65,9 @@ def register(subparsers: Any) -> None:
     where.add_argument("--cluster", choices=("auto", "slurm", "local"), default="auto",
                        help="local: run every task on this machine (debugging without Slurm)")
     follow = parser.add_argument_group("following")
+    follow.add_argument("--parsable", action="store_true",
+                        help="print only the job id on stdout (the rest on stderr), as sbatch --parsable does: "
+                             "JOB=$(slurmdist submit --parsable ...)")
     follow.add_argument("--wait", action="store_true", help="follow the job and exit with its status")
     follow.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
                         help="with --wait: give up after this long (the job keeps running); default 1 day")
@@ -154,12 +157,14 @@ def run(args: argparse.Namespace) -> int:
     job = submitted_quietly(lambda: submitter.submit_command(command))
     stdout, stderr = log_paths(job)
     resources = submitter.resources
+    about = sys.stderr if args.parsable else sys.stdout
+    if args.parsable:
+        print(job.job_id, flush=True)
     print(f"submitted job {job.job_id} ({resources.nodes} node(s) x {resources.ntasks_per_node} task(s), "
-          f"{submitter.cluster})")
-    print(f"  stdout: {stdout}")
-    print(f"  stderr: {stderr}")
-    print(f"  stop:   {stop_command(job)}")
-    sys.stdout.flush()
+          f"{submitter.cluster})", file=about)
+    print(f"  stdout: {stdout}", file=about)
+    print(f"  stderr: {stderr}", file=about)
+    print(f"  stop:   {stop_command(job)}", file=about, flush=True)
     if not args.wait:
         return 0
     return follow(job, timeout)

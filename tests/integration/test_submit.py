@@ -512,6 +512,21 @@ def test_a_local_job_loaded_in_another_process_is_running_until_it_ends(tmp_path
     assert result(job, timeout=30) is None
 
 
+def test_parsable_prints_the_job_id_alone_for_a_script_to_capture(tmp_path):
+    # `JOB=$(slurmdist submit --parsable ...)`, as with sbatch: the rest of what it says goes to stderr.
+    proc = subprocess.run([PYTHON, "-m", "slurmdist", "submit", "--parsable", "--cluster", "local", "--folder",
+                           str(tmp_path / "%j"), "--", "sleep", "60"], capture_output=True, text=True, timeout=TIMEOUT)
+    job_id = proc.stdout.strip()
+    try:
+        assert proc.returncode == 0 and re.fullmatch(r"\d+\n", proc.stdout), (proc.stdout, proc.stderr)
+        assert f"submitted job {job_id} " in proc.stderr and f"  stop:   kill -INT -{job_id}\n" in proc.stderr
+    finally:
+        if job_id.isdigit():
+            subprocess.run(["kill", "-INT", job_id], timeout=10)
+    if job_id.isdigit():
+        wait_until_gone(int(job_id), timeout=20)
+
+
 def test_a_local_submission_without_wait_returns_while_the_job_runs(tmp_path):
     # Captured output (`JOB=$(slurmdist submit ...)`): the job must not hold the capture's pipe until it ends.
     started = time.monotonic()
