@@ -128,7 +128,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     env = commands.add_parser("env", help="print this process's detected rank, world size and master")
     env.add_argument("--format", choices=("text", "json", "shell"), default="text",
-                     help="shell: `export RANK=...` lines for eval, in torchrun's variable names")
+                     help="text and json: what detect() read, with no lookup (the master as the nodelist names "
+                          "it; no device or backend, which init() chooses); shell: `export RANK=...` lines for eval, "
+                          "in torchrun's variable names, with the master resolved as `slurmdist run` resolves it")
     env.set_defaults(handler=_env)
 
     run = commands.add_parser(
