@@ -242,10 +242,21 @@ def rank0_keys(store: Any, base: str, deadline: Deadline) -> Optional[Keys]:
         return keys
     except RuntimeError as exc:
         if deadline.expired() or _is_timeout(exc):
+            if keys is None and _unowned(store):  # answered all along, never by rank 0: see ForeignStore
+                raise ForeignStore(None) from None
             return keys or Keys(base)
         if _store_closed(exc):
             return None
         raise
+
+
+def _unowned(store: Any) -> bool:
+    """Whether a store holds no slurmdist owner key: rank 0 writes one as it starts serving, so a store without
+    it at the deadline is not a slurmdist rank 0's (a leftover torch program's, another service's)."""
+    try:
+        return not store.check([OWNER_KEY])
+    except RuntimeError:  # it went away meanwhile: no more to learn from it
+        return False
 
 
 # Where rank 0 writes whose store it serves (its `run_prefix`), and how long a rank joining it waits for rank 0's
@@ -256,9 +267,10 @@ OWNER_CHECK_AFTER = 2.0
 
 
 class ForeignStore(Exception):
-    """The store at the master port is another run's: `owner` is that run's `run_prefix`."""
+    """The store at the master port is another run's: `owner` is that run's `run_prefix`, None for a store no
+    slurmdist run owns."""
 
-    def __init__(self, owner: str) -> None:
+    def __init__(self, owner: Optional[str]) -> None:
         super().__init__(owner)
         self.owner = owner
 
@@ -587,13 +599,17 @@ class Rendezvous:
                 f"{verdict}); calling init() again meets their retry"
             )
         conflict = CHECKED_IN_TWICE in verdict or WORLD_SIZES_DIFFER in verdict
-        advice = "" if conflict else (
-            f" Check that every rank started (job log, srun/mpirun task counts) and can reach {self.where}; "
-            f"raise {self.deadline.knob} if they are only slow"
-        )
+        if conflict:
+            advice = ""
+        elif verdict.startswith(EVERY_RANK_ARRIVED):  # all came: a longer wait would not bring anyone
+            advice = (" A rank exited or hung after it checked in (the ranks on its node name one that exited): "
+                      "see the other ranks' errors and logs")
+        else:
+            advice = (f" Check that every rank started (job log, srun/mpirun task counts) and can reach {self.where}; "
+                      f"raise {self.deadline.knob} if they are only slow")
         raise RendezvousError(
             f"rendezvous at {self.where} failed after {self.deadline.elapsed():.0f} s "
-            f"(timeout {self.deadline.seconds:.0f} s): {verdict} (world size {self.env.world_size}; this is "
+            f"(timeout {self.deadline.seconds:g} s): {verdict} (world size {self.env.world_size}; this is "
             f"rank {self.env.rank}).{advice}"
         ) from None
 
@@ -803,6 +819,14 @@ def open_meeting(
                 return store, peer, found
             closed = "it closed before rank 0 checked in there"  # text, as `last` in wait_listening
         except ForeignStore as foreign:
+            if foreign.owner is None:
+                raise RendezvousError(
+                    f"rank {env.rank}: the store at {where} answered for {deadline.elapsed():.0f} s (timeout "
+                    f"{deadline.seconds:g} s) but rank 0 never wrote to it, as it does the moment it serves this run's "
+                    f"store ({describe_run(base)}, world size {env.world_size}): another program (a leftover run, "
+                    f"a service) holds port {port}, and rank 0 could not listen there (its log says so). Set "
+                    "MASTER_PORT to a free port, or leave it unset: slurmdist derives one per job step"
+                ) from None
             raise RendezvousError(
                 f"rank {env.rank}: the rendezvous store at {where} is another run's ({describe_run(foreign.owner)}; "
                 f"this is {describe_run(base)}, world size {env.world_size}): two runs use port {port} at once, and "
