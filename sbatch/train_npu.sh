@@ -24,7 +24,7 @@ if [[ -n ${SLURM_CPUS_PER_TASK:-} ]]; then export SRUN_CPUS_PER_TASK=$SLURM_CPUS
 
 # Submitted with --export=NONE (or NIL), srun would start the tasks with no environment at all, not even what
 # lines added here set up (module load, a venv's activate): hand this script's environment on.
-case ${SLURM_EXPORT_ENV:-} in NONE | none | NIL | nil) export SLURM_EXPORT_ENV=ALL ;; esac
+case ${SLURM_EXPORT_ENV:-} in [Nn][Oo][Nn][Ee] | [Nn][Ii][Ll]) export SLURM_EXPORT_ENV=ALL ;; esac
 # Run by sbatch (or inside salloc), not on its own: what follows reads the job's variables.
 [[ -n ${SLURM_JOB_ID:-} ]] || {
     echo "train_npu.sh: submit it with sbatch (sbatch sbatch/train_npu.sh); run as a plain script it is in no job" >&2

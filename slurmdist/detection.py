@@ -123,8 +123,9 @@ def _warn_if_torchrun_leaves_nodes(env: DistEnv, environ: Mapping[str, str]) -> 
     group = f"torchrun's group spans {env.num_nodes} node{'s' if env.num_nodes > 1 else ''} (GROUP_WORLD_SIZE=" \
             f"{env.num_nodes}), but this process runs in {where}, which spans {nodes} nodes ({name}={nodes})"
     if where.startswith("srun"):
-        what = ("each node's torchrun forms a group of its own, and the nodes train apart, writing the same "
-                "checkpoints. For one job across the nodes, start torchrun with --nnodes=$SLURM_NNODES and one "
+        what = ("if each node runs torchrun --standalone (or --nnodes=1), each forms a group of its own, and the "
+                "nodes train apart, writing the same checkpoints (an elastic run some nodes left is fine). For one "
+                "job across the nodes, start torchrun with --nnodes=$SLURM_NNODES and one "
                 "rendezvous (--rdzv-backend=c10d --rdzv-endpoint=FIRST_NODE:29500), as sbatch/train_torchrun.sh "
                 "does, or start one task per GPU with srun and no torchrun")
     else:
@@ -156,11 +157,14 @@ def _read_mpi(environ: Mapping[str, str], *, inside_step: bool) -> Optional[Dist
     """An MPI launcher's view, else Flux's. Inside an srun step or a Flux job, a bare PMI_RANK/PMI_SIZE
     (no local-rank variable) is that launcher's own PMI server, not an MPI launcher of its own; so are the
     PALS variables srun's Cray MPI plugin sets in its own tasks. Hydra's -pmi-port mode, which says no world
-    size, is refused here, before a step or a single process could be taken for it."""
-    mpi.refuse_hydra_port_mode(environ)
+    size, is refused where no launcher's variables describe the process (MVAPICH2's mpirun_rsh sets PMI_PORT
+    and PMI_ID too, beside its own), before a step or a single process could be taken for it."""
     inside_flux = flux.TASK_RANK in environ
     skip = ("pals",) if inside_step and _set_by_srun_for_cray_mpi(environ) else ()
-    return mpi.read_any(environ, complete_only=inside_step or inside_flux, skip=skip) or flux.read(environ)
+    found = mpi.read_any(environ, complete_only=inside_step or inside_flux, skip=skip) or flux.read(environ)
+    if found is None:
+        mpi.refuse_hydra_port_mode(environ)
+    return found
 
 
 def _set_by_srun_for_cray_mpi(environ: Mapping[str, str]) -> bool:

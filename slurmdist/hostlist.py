@@ -22,7 +22,8 @@ Where scontrol 22.05 accepts something that is almost certainly a typo, this mod
 ``[`` (22.05 prints garbage, 23.02 rejects it), an empty upper bound ``n[1-]``, signs or spaces inside
 brackets (``n[+1]``, ``n[ 1]``: strtoul accepts them and miscounts the width), numbers above 2**64-1
 (Slurm silently saturates them) and host names longer than :data:`MAX_NAME_LENGTH`. It is more lenient in
-one place: Slurm refuses a single range of more than 65536 hosts; here only the total is capped (``limit``).
+two places: Slurm refuses a single range of more than 65536 hosts, here only the total is capped (``limit``);
+and line ends separate items here, where Slurm keeps them in a name (no Slurm nodelist holds one).
 """
 
 from __future__ import annotations

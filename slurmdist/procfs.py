@@ -37,3 +37,16 @@ def process_age() -> Optional[float]:
         return float(uptime[0]) - int(fields[19]) / os.sysconf("SC_CLK_TCK")
     except (IndexError, ValueError, OSError):
         return None
+
+
+def catches(signum: int) -> bool:
+    """Whether this process has a handler of its own for `signum` in the kernel's view (the SigCgt mask of
+    /proc/self/status): one a C library installed (faulthandler.register), which Python's signal.getsignal()
+    reports as the default. False without /proc."""
+    for line in (read("/proc/self/status") or "").splitlines():
+        if line.startswith("SigCgt:"):
+            try:
+                return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+            except (IndexError, ValueError):
+                return False
+    return False

@@ -587,10 +587,12 @@ class Rendezvous:
                     self.store.add(self.keys.seen, 1)
                 if self.env.rank == 0:  # the store lives in this process: let the others read the verdict
                     self._linger(until_deadline=cause is not None)
+        named = ""  # a rank that checked in and then failed the group, as far as this one can tell
         if problem is not None:
             verdict = problem
         elif cause is not None and (verdict == "go" or verdict.startswith(EVERY_RANK_ARRIVED)):
-            verdict = f"{EVERY_RANK_ARRIVED}, but: {first_line(cause)}{_mesh_straggler(cause)}{gone}"
+            named = _mesh_straggler(cause) + gone
+            verdict = f"{EVERY_RANK_ARRIVED}, but: {first_line(cause)}{named}"
         elif cause is not None and verdict.startswith(NO_RANK_REPORTED):  # who arrived is unknown
             verdict = f"{verdict}; this rank: {first_line(cause)}{_mesh_straggler(cause)}"
         if late:
@@ -601,9 +603,12 @@ class Rendezvous:
         conflict = CHECKED_IN_TWICE in verdict or WORLD_SIZES_DIFFER in verdict
         if conflict:
             advice = ""
-        elif verdict.startswith(EVERY_RANK_ARRIVED):  # all came: a longer wait would not bring anyone
-            advice = (" A rank exited or hung after it checked in (the ranks on its node name one that exited): "
-                      "see the other ranks' errors and logs")
+        elif named:  # all came, and one of them failed since: a longer wait would not bring it back
+            advice = " See that rank's log for why"
+        elif verdict.startswith(EVERY_RANK_ARRIVED) and cause is not None:
+            advice = (f" Every rank checked in: one may have exited or hung since (the ranks on its node name one "
+                      f"that exited), or the ranks cannot reach each other's gloo address (GLOO_SOCKET_IFNAME, a "
+                      f"firewall): see the other ranks' errors. Raise {self.deadline.knob} only if they are slow")
         else:
             advice = (f" Check that every rank started (job log, srun/mpirun task counts) and can reach {self.where}; "
                       f"raise {self.deadline.knob} if they are only slow")

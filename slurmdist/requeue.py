@@ -372,18 +372,21 @@ def install(
 
 
 def carry_on_past_the_warning(environ: Mapping[str, str]) -> None:
-    """In a Slurm job, keep the requeue signal (SLURMDIST_REQUEUE_SIGNAL, else USR2) from killing a program
-    that does not handle it: slurmdist's job scripts ask Slurm for it, and a training script without
-    `install()` would die of it two minutes early, FAILED instead of TIMEOUT, and never requeued. `init()`
-    calls this. Where the signal's action is still the default (no handler of the program's, none of
-    submitit's), it is then logged when it comes, and the job runs on until Slurm ends it."""
-    if "SLURM_JOB_ID" not in environ or threading.current_thread() is not threading.main_thread():
+    """In a Slurm job (or a submitit local one), keep the requeue signal (SLURMDIST_REQUEUE_SIGNAL, else USR2)
+    from killing a program that does not handle it: slurmdist's job scripts ask Slurm for it, and a training
+    script without `install()` would die of it two minutes early, FAILED instead of TIMEOUT, and never
+    requeued. `init()` calls this. Where the signal's action is still the default (no handler of the
+    program's, none of submitit's, none a C library installed), it is then logged when it comes, and the job
+    runs on until Slurm ends it. SIGUSR1 is left alone: Lightning's auto-requeue installs its handler for it
+    only where there is none yet, and would then never requeue."""
+    in_job = "SLURM_JOB_ID" in environ or under_local_executor(environ)
+    if not in_job or threading.current_thread() is not threading.main_thread():
         return
     try:
         sig = parse_signal(None, environ)
     except RequeueError:  # a bad SLURMDIST_REQUEUE_SIGNAL: install() reports it to the program that uses it
         return
-    if signal.getsignal(sig) == signal.SIG_DFL:
+    if sig != signal.SIGUSR1 and signal.getsignal(sig) == signal.SIG_DFL and not procfs.catches(sig):
         signal.signal(sig, _log_the_warning)
 
 

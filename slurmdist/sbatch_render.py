@@ -301,7 +301,7 @@ def _check_devices_per_rank(spec: JobSpec) -> None:
 HAND_ON_CPUS_PER_TASK = "if [[ -n ${SLURM_CPUS_PER_TASK:-} ]]; then export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK; fi"
 # sbatch --export=NONE (or NIL) leaves SLURM_EXPORT_ENV so in the batch script, and every srun in it (mpirun's
 # too) would start its tasks without the script's environment: no PATH, nothing the --setup lines set up.
-HAND_ON_ENVIRONMENT = "case ${SLURM_EXPORT_ENV:-} in NONE | none | NIL | nil) export SLURM_EXPORT_ENV=ALL ;; esac"
+HAND_ON_ENVIRONMENT = "case ${SLURM_EXPORT_ENV:-} in [Nn][Oo][Nn][Ee] | [Nn][Ii][Ll]) export SLURM_EXPORT_ENV=ALL ;; esac"
 
 
 # Run with bash, the script would stop at its first job variable ("SLURM_JOB_ID: unbound variable").

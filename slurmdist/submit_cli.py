@@ -66,8 +66,8 @@ def register(subparsers: Any) -> None:
                        help="local: run every task on this machine (debugging without Slurm)")
     follow = parser.add_argument_group("following")
     follow.add_argument("--parsable", action="store_true",
-                        help="print only the job id on stdout (the rest on stderr), as sbatch --parsable does: "
-                             "JOB=$(slurmdist submit --parsable ...)")
+                        help="print only the job id on stdout (the rest, and with --wait rank 0's output, on "
+                             "stderr), as sbatch --parsable does: JOB=$(slurmdist submit --parsable ...)")
     follow.add_argument("--wait", action="store_true", help="follow the job and exit with its status")
     follow.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
                         help="with --wait: give up after this long (the job keeps running); default 1 day")
@@ -167,7 +167,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"  stop:   {stop_command(job)}", file=about, flush=True)
     if not args.wait:
         return 0
-    return follow(job, timeout)
+    return follow(job, timeout, about)
 
 
 def submitted_quietly(submit: Callable[[], Any]) -> Any:
@@ -187,11 +187,12 @@ def submitted_quietly(submit: Callable[[], Any]) -> Any:
             sys.stderr.flush()
 
 
-def follow(job: Any, timeout: float) -> int:
-    """Print state changes and rank 0's new output until the job ends; its exit status for the shell."""
+def follow(job: Any, timeout: float, out: Optional[Any] = None) -> int:
+    """Print state changes and rank 0's new output (on `out`, default stdout) until the job ends; its exit
+    status for the shell."""
     from .submit import JobFailedError, JobTimeoutError, log_paths, results, stop_command, wait
 
-    tail = LogTail(log_paths(job)[0])
+    tail = LogTail(log_paths(job)[0], out)
     seen: List[str] = []
 
     def on_state(state: str) -> None:

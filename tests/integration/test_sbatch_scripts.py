@@ -140,7 +140,7 @@ def test_a_job_that_sbatch_chdir_started_in_the_repository_runs_there(path, tmp_
 def test_a_job_submitted_with_export_none_hands_its_environment_to_srun(path, tmp_path):
     # sbatch --export=NONE leaves SLURM_EXPORT_ENV=NONE in the script; srun (mpirun's too) would start the tasks
     # with no environment, without what lines added to a copy of the script set up.
-    done = run_with_stub_launchers(path, tmp_path, SLURM_EXPORT_ENV="NONE")
+    done = run_with_stub_launchers(path, tmp_path, SLURM_EXPORT_ENV="None")  # Slurm compares it ignoring case
     assert "SLURM_EXPORT_ENV=ALL" in done.stdout and "SLURM_EXPORT_ENV=NONE" not in done.stdout, \
         done.stdout + done.stderr
     kept = run_with_stub_launchers(path, tmp_path / "kept", SLURM_EXPORT_ENV="PATH,HOME")  # a list is left as given

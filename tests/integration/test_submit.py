@@ -525,6 +525,12 @@ def test_parsable_prints_the_job_id_alone_for_a_script_to_capture(tmp_path):
             subprocess.run(["kill", "-INT", job_id], timeout=10)
     if job_id.isdigit():
         wait_until_gone(int(job_id), timeout=20)
+    # With --wait, rank 0's output streams on stderr too: stdout stays the job id.
+    waited = subprocess.run([PYTHON, "-m", "slurmdist", "submit", "--parsable", "--wait", "--cluster", "local",
+                             "--folder", str(tmp_path / "w%j"), "--", "echo", "out-of-rank-0"],
+                            capture_output=True, text=True, timeout=TIMEOUT)
+    assert waited.returncode == 0 and re.fullmatch(r"\d+\n", waited.stdout), (waited.stdout, waited.stderr)
+    assert "out-of-rank-0" in waited.stderr
 
 
 def test_a_local_submission_without_wait_returns_while_the_job_runs(tmp_path):

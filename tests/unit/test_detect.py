@@ -190,9 +190,13 @@ def test_hydra_port_mode_says_no_world_size_and_is_refused_not_run_alone():
         detect(hydra_port_mode(2, 2, 4))
     assert (raised.value.variable, raised.value.value) == ("PMI_ID", "2")
     # Inside an allocation the proxy is an srun task, whose step variables the ranks inherit.
-    proxy_task = load_case("slurm/salloc_N2_mpirun_np4")[3]
+    proxy_task = load_case("slurm/srun_N2_tpn2")[1]
     with pytest.raises(LaunchError, match="PMI_ID='3'"):
         detect({**proxy_task, **hydra_port_mode(3, 1, 2)})
+    # MVAPICH2's mpirun_rsh sets PMI_PORT and PMI_ID beside its own complete variables: those are read.
+    mvapich = detect({"PMI_PORT": "node1:45678", "PMI_ID": "1", "MV2_COMM_WORLD_RANK": "1", "MV2_COMM_WORLD_SIZE": "4",
+                      "MV2_COMM_WORLD_LOCAL_RANK": "1", "MV2_COMM_WORLD_LOCAL_SIZE": "2"})
+    assert (mvapich.launcher, mvapich.rank, mvapich.world_size) == ("mvapich", 1, 4)
     # Hydra's default mode sets PMI_RANK/PMI_SIZE; a PMI_ID beside them is not read.
     (first, *_) = load_case("mpi/mpich_np4")
     assert detect({**first, "PMI_ID": first["PMI_RANK"], "PMI_PORT": "node1:40000"}).launcher == "pmi"

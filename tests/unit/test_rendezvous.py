@@ -351,8 +351,19 @@ def test_a_rank_that_died_in_the_gloo_mesh_is_named(agent_store):
     with pytest.raises(RendezvousError, match=r"every rank arrived, but: .*\(rank 2 checked in but never joined "
                                               r"the gloo mesh: it exited or hung after checking in") as raised:
         meetings[1].fail(gloo_timeout.value)
-    # Every rank came: a longer timeout would bring no one, so that is not the advice.
-    assert "SLURMDIST_INIT_TIMEOUT" not in str(raised.value) and "see the other ranks' errors" in str(raised.value)
+    # Every rank came, and rank 2 is named: a longer timeout would not bring it back, so that is not the advice.
+    assert "SLURMDIST_INIT_TIMEOUT" not in str(raised.value) and "See that rank's log" in str(raised.value)
+
+
+def test_a_group_that_failed_after_every_rank_arrived_names_no_one_and_says_what_else_it_can_be(agent_store):
+    # A mesh that cannot connect (gloo on an interface the others cannot reach), with no rank to blame.
+    port, agent = agent_store
+    meetings = [connect(env_of(rank, 2, port), Deadline(20), AGENT_ENVIRON) for rank in range(2)]
+    meetings[0].wait_all()
+    with pytest.raises(RendezvousError, match=r"every rank arrived, but: Connection refused") as raised:
+        meetings[1].fail(RuntimeError("Connection refused"))
+    assert "cannot reach each other's gloo address (GLOO_SOCKET_IFNAME" in str(raised.value)
+    assert "Raise SLURMDIST_INIT_TIMEOUT only if they are slow" in str(raised.value)
 
 
 def test_a_verdict_that_no_rank_reported_is_not_turned_into_every_rank_arrived(agent_store):

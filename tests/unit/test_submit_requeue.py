@@ -318,3 +318,29 @@ def test_a_handler_of_the_programs_own_and_processes_outside_a_job_are_left_alon
     signal.signal(signal.SIGUSR2, own)
     carry_on_past_the_warning({"SLURM_JOB_ID": "7"})
     assert signal.getsignal(signal.SIGUSR2) is own
+    # SIGUSR1: Lightning installs its requeue handler only where none is.
+    previous = signal.getsignal(signal.SIGUSR1)
+    signal.signal(signal.SIGUSR1, signal.SIG_DFL)
+    try:
+        carry_on_past_the_warning({"SLURM_JOB_ID": "7", "SLURMDIST_REQUEUE_SIGNAL": "USR1"})
+        assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+
+
+def test_a_handler_a_c_library_installed_is_left_alone(default_warning_signals):
+    # faulthandler.register() installs a C handler (a traceback dump on demand) that Python reports as SIG_DFL.
+    import faulthandler
+
+    faulthandler.register(signal.SIGUSR2)
+    try:
+        carry_on_past_the_warning({"SLURM_JOB_ID": "7"})
+        assert signal.getsignal(signal.SIGUSR2) is signal.SIG_DFL  # not replaced
+    finally:
+        faulthandler.unregister(signal.SIGUSR2)
+
+
+def test_a_submitit_local_job_gets_the_warning_carried_past_too(default_warning_signals):
+    # Its controller forwards the warning to the tasks, which have no SLURM_JOB_ID.
+    carry_on_past_the_warning({"SUBMITIT_EXECUTOR": "local"})
+    assert signal.getsignal(signal.SIGUSR2) is not signal.SIG_DFL
