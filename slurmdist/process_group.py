@@ -23,7 +23,10 @@ from typing import Any, Iterator, List, Mapping, Optional
 # hostlist: detect() reads a Slurm nodelist with it. Loaded with the rest of init()'s modules (when
 # `slurmdist.init` is first looked up), not inside init(), where each rank's half millisecond of loading
 # would hold up the whole group on busy cores.
-from . import backends, bounds, devices, hostlist, hosts, interfaces, rendezvous, requeue, store_server  # noqa: F401
+from . import (  # noqa: F401
+    backends, bounds, devices, hostlist, hosts, interfaces, notices, procfs, rendezvous, requeue, store_server,
+)
+from .launchers import slurm
 from .detection import detect, is_own_srun_task
 from .distenv import DistEnv
 from .envvars import require_mapping
@@ -82,6 +85,7 @@ def init(
         seconds = bounds.init_timeout(timeout, environ)
         try:
             env = detect(environ)
+            _warn_if_started_from_a_pty_shell(env, environ)
             requeue.carry_on_past_the_warning(environ)  # the job scripts' warning signal must not kill the job
             env = _choose_device(env, backend, device, environ)
             _check_gloo_interface(env, environ)
@@ -181,6 +185,16 @@ def _start_group(env: DistEnv, deadline: bounds.Deadline, environ: Mapping[str, 
         dist.destroy_process_group()
         raise rendezvous.store_stopped_answering(env, deadline)
     return formed
+
+
+def _warn_if_started_from_a_pty_shell(env: DistEnv, environ: Mapping[str, str]) -> None:
+    """Rank 0 of an `srun --pty` step typed at its shell: say why the other ranks will not come, before the
+    whole timeout runs out on them (see `pty_shell_hint`)."""
+    if "SLURM_PTY_PORT" not in environ or env.rank != 0:  # no /proc reads for anyone else
+        return
+    hint = slurm.pty_shell_hint(env, environ, procfs.parent_argv(), os.isatty(0))
+    if hint is not None:
+        notices.warn_once(hint, __file__)
 
 
 def _shape_mismatch(env: DistEnv) -> Optional[str]:

@@ -28,6 +28,13 @@ def process_stat(pid: object) -> List[str]:
     return stat_fields(read(f"/proc/{str(pid).strip()}/stat") or "")
 
 
+def parent_argv() -> List[str]:
+    """This process's parent's command line (['bash'], ['-bash'], ['bash', '-c', '...']); [] without /proc."""
+    fields = process_stat("self")
+    text = read(f"/proc/{fields[1]}/cmdline") if len(fields) > 1 else None
+    return text.rstrip("\0").split("\0") if text else []
+
+
 def process_age() -> Optional[float]:
     """Seconds since this process started (its stat start time against the system's uptime); None without
     /proc."""

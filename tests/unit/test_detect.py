@@ -9,6 +9,7 @@ import pytest
 
 from slurmdist import DistEnv, LaunchError, detect
 from slurmdist.exporting import torchrun_variables
+from slurmdist.launchers.slurm import pty_shell_hint
 from slurmdist.ports import PORT_MAX, PORT_MIN, step_port
 from tests.conftest import load_case
 
@@ -712,3 +713,22 @@ def test_master_endpoint_is_both_halves_or_says_how_to_get_them():
     # One process: init() forms its group with no rendezvous and leaves the port unset; "init() does" was wrong.
     with pytest.raises(LaunchError, match=r"single: a single process \(world size 1\) has no master port"):
         detect({}).master_endpoint()
+
+
+@pytest.mark.parametrize("parent, tty, rank, hinted", [
+    (["bash"], True, 0, True),  # `srun -n4 --pty bash`, then `python train.py` typed at it
+    (["-bash"], True, 0, True),
+    (["/bin/zsh", "-l"], True, 0, True),
+    (["bash", "-c", "python train.py"], True, 0, False),  # --pty bash -c: every task runs the command
+    (["bash", "job.sh"], True, 0, False),  # a script, in every task too
+    (["slurmstepd: [7.0]"], True, 0, False),  # `srun -n4 --pty python train.py`
+    (["bash"], False, 0, False),  # no terminal: not the shell the user types at
+    (["bash"], True, 1, False),  # only task 0 runs the interactive shell
+])
+def test_rank_0_typed_at_an_srun_pty_shell_is_told_why_the_others_never_come(parent, tty, rank, hinted):
+    task = {**load_case("slurm/srun_N2_tpn2")[rank], "SLURM_PTY_PORT": "40123"}
+    hint = pty_shell_hint(detect(task), task, parent, tty)
+    assert (hint is not None) == hinted
+    if hinted:
+        assert "rank 0 of 4 of srun step" in hint and "the other 3 ended" in hint and "srun --overlap" in hint
+    assert pty_shell_hint(detect(task), {k: v for k, v in task.items() if k != "SLURM_PTY_PORT"}, parent, tty) is None

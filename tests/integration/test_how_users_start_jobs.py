@@ -1,4 +1,5 @@
-"""`slurmdist sbatch` scripts submitted to the real cluster the way sites submit them."""
+"""Jobs started the way users start them on the real cluster: `slurmdist sbatch` scripts as sites submit them,
+Slurm's warning signal to a program without a handler, and ranks typed at an interactive `srun --pty` shell."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import time
 
 import pytest
 
-from tests.integration.cluster import PYTHON
+from tests.integration.cluster import PYTHON, require
 
 pytestmark = pytest.mark.integration
 
@@ -56,3 +57,15 @@ def test_a_program_without_a_requeue_handler_runs_on_past_the_warning_signal(slu
     output = log.read_text()
     assert output.count("got SIGUSR2, Slurm's warning") == 2 and sorted(
         line for line in output.splitlines() if line.startswith("done")) == ["done 0", "done 1"], output
+
+
+def test_rank_0_typed_at_an_srun_pty_shell_says_the_other_tasks_are_gone(slurm_cluster, tmp_path):
+    # `srun -n2 --pty bash`, then `python train.py` at its prompt: task 1's shell found no terminal and ended.
+    # It waited out its whole timeout (300 s by default) with only "rank(s) 1 never arrived" to show for it.
+    typed = f"{PYTHON} -c 'import slurmdist; slurmdist.init()'\nexit\n"
+    done = slurm_cluster.run([require("script"), "-qec", "srun -N1 -n2 --pty bash --norc --noprofile -i", "/dev/null"],
+                             input=typed, timeout=TIMEOUT, check=False, cwd=tmp_path,
+                             env={"SLURMDIST_INIT_TIMEOUT": "5"})
+    said = done.stdout + done.stderr
+    assert "started from the bash of an interactive `srun --pty` step" in said and "srun --overlap" in said, said
+    assert "rank(s) 1 never arrived" in said, said
