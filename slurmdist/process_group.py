@@ -24,13 +24,13 @@ from typing import Any, Iterator, List, Mapping, Optional
 # `slurmdist.init` is first looked up), not inside init(), where each rank's half millisecond of loading
 # would hold up the whole group on busy cores.
 from . import (  # noqa: F401
-    backends, bounds, devices, hostlist, hosts, interfaces, notices, procfs, rendezvous, requeue, store_server,
+    backends, bounds, devices, hostlist, hosts, interfaces, procfs, rendezvous, requeue, store_server,
 )
 from .launchers import slurm
 from .detection import detect, is_own_srun_task
 from .distenv import DistEnv
 from .envvars import require_mapping
-from .errors import BackendError, SlurmdistError
+from .errors import BackendError, LaunchError, SlurmdistError
 from .mesh_store import GLOO_CONNECT_FACTOR, mesh_store
 from .store_watchdog import StoreWatchdog
 
@@ -85,7 +85,7 @@ def init(
         seconds = bounds.init_timeout(timeout, environ)
         try:
             env = detect(environ)
-            _warn_if_started_from_a_pty_shell(env, environ)
+            _refuse_start_from_a_pty_shell(env, environ)
             requeue.carry_on_past_the_warning(environ)  # the job scripts' warning signal must not kill the job
             env = _choose_device(env, backend, device, environ)
             _check_gloo_interface(env, environ)
@@ -187,14 +187,14 @@ def _start_group(env: DistEnv, deadline: bounds.Deadline, environ: Mapping[str, 
     return formed
 
 
-def _warn_if_started_from_a_pty_shell(env: DistEnv, environ: Mapping[str, str]) -> None:
-    """Rank 0 of an `srun --pty` step typed at its shell: say why the other ranks will not come, before the
-    whole timeout runs out on them (see `pty_shell_hint`)."""
+def _refuse_start_from_a_pty_shell(env: DistEnv, environ: Mapping[str, str]) -> None:
+    """Rank 0 of an `srun --pty` step typed at its shell: say at once why the other ranks cannot come, as the
+    batch script's multi-task check does, instead of waiting out the whole timeout (see `pty_shell_hint`)."""
     if "SLURM_PTY_PORT" not in environ or env.rank != 0:  # no /proc reads for anyone else
         return
-    hint = slurm.pty_shell_hint(env, environ, procfs.parent_argv(), os.isatty(0))
-    if hint is not None:
-        notices.warn_once(hint, __file__)
+    why = slurm.pty_shell_hint(env, environ, procfs.parent_argv(), os.isatty(0))
+    if why is not None:
+        raise LaunchError(why, "SLURM_PTY_PORT", environ["SLURM_PTY_PORT"])
 
 
 def _shape_mismatch(env: DistEnv) -> Optional[str]:

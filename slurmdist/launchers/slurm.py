@@ -249,19 +249,19 @@ def interactive_shell(argv: Sequence[str]) -> Optional[str]:
 
 def pty_shell_hint(env: DistEnv, environ: Mapping[str, str], parent: Sequence[str], tty: bool) -> Optional[str]:
     """For rank 0 of a several-task `srun --pty` step (SLURM_PTY_PORT) typed at an interactive shell (`parent`,
-    its command line, with a terminal): what went wrong, most likely. `srun -n4 --pty bash` runs the shell in
+    its command line, with a terminal): why no other rank will come. `srun -n4 --pty bash` runs the shell in
     task 0 alone; the other tasks' shells find no terminal and end, and a `python train.py` typed there is rank
-    0 of 4 that waits out its whole timeout for ranks that are gone. (`srun -n4 --pty bash -c "python ..."`
-    runs the command in every task: not this.) None elsewhere."""
+    0 of 4 that would wait out its whole timeout for ranks that are gone. (`srun -n4 --pty bash -c "python
+    ..."` runs the command in every task: not this.) None elsewhere."""
     shell = interactive_shell(parent)
     if not (env.launcher == "slurm" and env.rank == 0 and env.world_size > 1 and "SLURM_PTY_PORT" in environ
             and tty and shell):
         return None
-    return (f"slurmdist: this is rank 0 of {env.world_size} of srun step {step_id(environ)} of job {env.job_id}, "
-            f"started from the {shell} of an interactive `srun --pty` step: only task 0 of such a step runs the "
-            f"shell, and the other {env.world_size - 1} ended when theirs found no terminal, so they will never "
-            "arrive. From this shell, start the ranks with srun: `srun --overlap python train.py ...` (the step "
-            "holds the allocation's CPUs), or open the shell with one task (`srun -n1 --pty bash`, or salloc)")
+    return (f"this is rank 0 of {env.world_size} of srun step {step_id(environ)} of job {env.job_id}, started "
+            f"from the {shell} of an interactive `srun --pty` step: only task 0 of such a step runs the shell, and "
+            f"the other {env.world_size - 1} ended when theirs found no terminal, so they would never arrive. From "
+            "this shell, start the ranks with srun: `srun --overlap python train.py ...` (the step holds the "
+            "allocation's CPUs), or open the shell with one task (`srun -n1 --pty bash`, or salloc)")
 
 
 def check_outside_step(environ: Mapping[str, str]) -> Optional[str]:

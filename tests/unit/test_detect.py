@@ -725,10 +725,10 @@ def test_master_endpoint_is_both_halves_or_says_how_to_get_them():
     (["bash"], False, 0, False),  # no terminal: not the shell the user types at
     (["bash"], True, 1, False),  # only task 0 runs the interactive shell
 ])
-def test_rank_0_typed_at_an_srun_pty_shell_is_told_why_the_others_never_come(parent, tty, rank, hinted):
+def test_rank_0_typed_at_an_srun_pty_shell_is_told_why_the_others_cannot_come(parent, tty, rank, hinted):
     task = {**load_case("slurm/srun_N2_tpn2")[rank], "SLURM_PTY_PORT": "40123"}
     hint = pty_shell_hint(detect(task), task, parent, tty)
     assert (hint is not None) == hinted
     if hinted:
-        assert "rank 0 of 4 of srun step" in hint and "the other 3 ended" in hint and "srun --overlap" in hint
+        assert "rank 0 of 4 of srun step" in hint and "the other 3 ended" in hint and "srun --overlap" in hint and "would never arrive" in hint
     assert pty_shell_hint(detect(task), {k: v for k, v in task.items() if k != "SLURM_PTY_PORT"}, parent, tty) is None
