@@ -24,23 +24,20 @@ def command_words(words: Sequence[str], who: str, usage: str,
     return command
 
 
-class _TasksPerNodeOnly(argparse.Action):
+class _Refused(argparse.Action):
+    """An option slurmdist does not take, refused with what to give instead (its `const`)."""
+
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
                  option_string: Any = None) -> None:
-        raise argparse.ArgumentError(self, "slurmdist asks for the job's shape as nodes x tasks per node: give "
-                                           "--tasks-per-node N with --nodes M (M x N tasks in all)")
+        raise argparse.ArgumentError(self, self.const)
 
 
-class _GpusPerNodeOnly(argparse.Action):
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
-                 option_string: Any = None) -> None:
-        raise argparse.ArgumentError(self, "sbatch's --gpus counts the whole job's GPUs; slurmdist asks for them per "
-                                           "node (one task each): give --gpus-per-node N with --nodes M (M x N GPUs "
-                                           "in all)")
-
-
-def refuse_ntasks(parser: Any) -> None:
+def refuse_job_wide_counts(parser: Any) -> None:
     """Refuse sbatch's job-wide `--ntasks`/`-n` and `--gpus` by name, saying what slurmdist asks for instead: a
     plain "unrecognized arguments" would not say why sbatch's own spelling is wrong here."""
-    parser.add_argument("--ntasks", "-n", action=_TasksPerNodeOnly, help=argparse.SUPPRESS)
-    parser.add_argument("--gpus", action=_GpusPerNodeOnly, help=argparse.SUPPRESS)
+    parser.add_argument("--ntasks", "-n", action=_Refused, help=argparse.SUPPRESS,
+                        const="slurmdist asks for the job's shape as nodes x tasks per node: give --tasks-per-node N "
+                              "with --nodes M (M x N tasks in all)")
+    parser.add_argument("--gpus", action=_Refused, help=argparse.SUPPRESS,
+                        const="sbatch's --gpus counts the whole job's GPUs; slurmdist asks for them per node (one task "
+                              "each): give --gpus-per-node N with --nodes M (M x N GPUs in all)")

@@ -122,7 +122,7 @@ def _warn_if_torchrun_leaves_nodes(env: DistEnv, environ: Mapping[str, str]) -> 
     name, nodes, where = launch
     group = f"torchrun's group spans {env.num_nodes} node{'s' if env.num_nodes > 1 else ''} (GROUP_WORLD_SIZE=" \
             f"{env.num_nodes}), but this process runs in {where}, which spans {nodes} nodes ({name}={nodes})"
-    if where.startswith("srun"):
+    if slurm.step_id(environ) is not None:  # a task step's; else the batch script's
         what = ("if each node runs torchrun --standalone (or --nnodes=1), each forms a group of its own, and the "
                 "nodes train apart, writing the same checkpoints (an elastic run some nodes left is fine). For one "
                 "job across the nodes, start torchrun with --nnodes=$SLURM_NNODES and one "

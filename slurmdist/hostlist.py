@@ -52,8 +52,8 @@ _MAX_DIGITS = len(str(_MAX_NUMBER))
 
 #: What separates items: Slurm's comma, space and tab, and line ends (a list read from a file, CRLF too).
 _SEPARATORS = ", \t\r\n"
-_SEP = r"[, \t\r\n]"
-_PLAIN = r"[^, \t\r\n\[\]]"
+_SEP = f"[{_SEPARATORS}]"
+_PLAIN = rf"[^{_SEPARATORS}\[\]]"
 _ITEM = rf"{_PLAIN}*(?:\[[^\[\]]*\]{_PLAIN}*)*"
 _GRAMMAR = {
     # Unambiguous (items are non-empty and cannot start with a separator), so matching stays linear even
@@ -216,7 +216,8 @@ def _items(text: str) -> Iterator[Tuple[int, str]]:
 
 
 def _spaced(text: str) -> bool:
-    """Whether any separator other than a comma is in `text` (the fast paths split on commas alone)."""
+    """Whether any separator other than a comma (`_SEPARATORS` but the first) is in `text` (the fast paths split
+    on commas alone). Written out rather than looped: it runs on every nodelist detect() reads."""
     return " " in text or "\t" in text or "\n" in text or "\r" in text
 
 

@@ -20,7 +20,7 @@ import sys
 from dataclasses import dataclass, replace
 from typing import Any, Collection, List, Optional, Sequence, Tuple
 
-from .argv import command_words, refuse_ntasks
+from .argv import command_words, refuse_job_wide_counts
 from .errors import SlurmdistError
 
 LAUNCHERS = ("srun", "torchrun", "mpirun")
@@ -431,7 +431,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--gpus-per-node", "-G", type=int, default=0, help="GPUs (or NPUs) per node")
     parser.add_argument("--tasks-per-node", "--ntasks-per-node", type=int,
                         help="default: one per GPU (1 under torchrun)")
-    refuse_ntasks(parser)
+    refuse_job_wide_counts(parser)
     parser.add_argument("--workers-per-node", type=int, help="torchrun workers per node (default: GPUs per node)")
     parser.add_argument("--cpus-per-task", "-c", type=int)
     parser.add_argument("--time", "-t", default="01:00:00", help="MINUTES, HH:MM:SS or D-HH:MM:SS; 0 or infinite for no limit")

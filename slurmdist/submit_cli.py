@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
-from .argv import command_words, refuse_ntasks
+from .argv import command_words, refuse_job_wide_counts
 from .bounds import positive_seconds
 from .errors import SlurmdistError
 from .sbatch_render import memory_size_fault
@@ -45,7 +45,7 @@ def register(subparsers: Any) -> None:
     shape.add_argument("--gpus-per-node", "-G", type=int, default=0, help="one task per GPU")
     shape.add_argument("--tasks-per-node", "--ntasks-per-node", type=int,
                        help="tasks per node for CPU-only jobs (default 1)")
-    refuse_ntasks(shape)
+    refuse_job_wide_counts(shape)
     shape.add_argument("--cpus-per-task", "-c", type=int)
     shape.add_argument("--time", "-t", default="60", help="time limit: minutes, HH:MM:SS or D-HH:MM:SS (default 60)")
     shape.add_argument("--partition", "-p")
