@@ -199,10 +199,10 @@ def choose(
         choice = BackendChoice(mapping[""], device or BACKEND_DEVICE[mapping[""]])
         return _checked(choice, caps, environ)
     for device_type, name in mapping.items():
-        needs = ACCELERATOR_ONLY.get(name)
-        if needs is not None and device_type != needs:
+        if device_type in DEVICE_TYPES and device_type not in MOVES[name]:
             raise BackendError(f"backend {requested.strip()!r} pairs {name} with {device_type} tensors, but {name} "
-                               f"moves {needs} tensors only: pair {device_type} with gloo")
+                               f"moves {_or(MOVES[name])} tensors only: pair {device_type} with "
+                               f"{_serves(device_type)}")
     accelerators = [d for d in ("cuda", "npu") if d in mapping and _count(d, caps) > 0]
     device_type = device or (accelerators[0] if accelerators else "cpu")
     if device_type not in mapping:  # the group would have no backend for this process's tensors
@@ -220,8 +220,19 @@ def _count(device_type: str, caps: Capabilities) -> int:
     return {"cuda": caps.cuda_devices, "npu": caps.npu_devices}.get(device_type, 1)
 
 
-# Backends that run on one kind of device only: nccl cannot move CPU tensors, hccl only NPU ones.
-ACCELERATOR_ONLY = {"nccl": "cuda", "hccl": "npu"}
+# The tensors each backend can move (torch's Backend.backend_capability; torch_npu registers hccl for npu): a
+# pairing outside it fails at the first collective ("No backend type associated with device type npu"), not
+# at init, so it is refused before any network wait.
+MOVES = {"nccl": ("cuda",), "hccl": ("npu",), "gloo": ("cpu", "cuda"), "mpi": ("cpu", "cuda")}
+
+
+def _or(devices: "tuple[str, ...]") -> str:
+    return " and ".join(devices)
+
+
+def _serves(device_type: str) -> str:
+    """The backend to name in advice for a device type's tensors."""
+    return {"npu": "hccl"}.get(device_type, "gloo")
 
 
 def _checked(choice: BackendChoice, caps: Capabilities, environ: Mapping[str, str],
@@ -230,13 +241,16 @@ def _checked(choice: BackendChoice, caps: Capabilities, environ: Mapping[str, st
     'auto' picked no backend the user named)."""
     if choice.device_type not in DEVICE_TYPES:
         raise BackendError(f"unknown device type {choice.device_type!r}; use one of {', '.join(DEVICE_TYPES)}")
-    needs = ACCELERATOR_ONLY.get(choice.backend)
-    if needs is not None and choice.device_type != needs:
-        raise BackendError(
-            f"backend {choice.backend!r} runs on {needs} devices only, not on device={choice.device_type!r} "
-            f"(its first collective would fail); pass device={needs!r} (or leave device out), or "
-            f"backend='gloo' for the CPU"
-        )
+    moves = MOVES.get(choice.backend)
+    # Only for a backend the user named: `auto` falls back to gloo for a device it cannot find, which the
+    # missing-device message below explains.
+    if subject is None and moves is not None and choice.device_type not in moves:
+        if choice.device_type == "npu":
+            advice = f"pass backend='hccl' (or 'auto') for the NPUs, or device={moves[0]!r}"
+        else:
+            advice = f"pass device={moves[0]!r} (or leave device out), or backend='gloo' for the CPU"
+        raise BackendError(f"backend {choice.backend!r} runs on {_or(moves)} devices only, not on "
+                           f"device={choice.device_type!r} (its first collective would fail); {advice}")
     if _count(choice.device_type, caps) == 0:
         cause = _unusable(choice.device_type, caps) or (
             rocm_masked(caps, environ) if choice.device_type == "cuda" else None)

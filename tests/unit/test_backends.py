@@ -81,6 +81,9 @@ NO_GPU = CUDA._replace(cuda_devices=0)
     # nccl and hccl move their accelerator's tensors only.
     ("cpu:nccl", CUDA, None, "pairs nccl with cpu tensors, but nccl moves cuda tensors only"),
     ("cpu:hccl,npu:hccl", NPU, None, "pairs hccl with cpu tensors"),
+    # gloo and mpi move CPU and CUDA tensors, not NPU ones (torch's Backend.backend_capability).
+    ("cpu:gloo,npu:gloo", NPU, None, "pairs gloo with npu tensors, but gloo moves cpu and cuda tensors only: "
+                                     "pair npu with hccl"),
 ])
 def test_a_per_device_backend_must_serve_the_device_in_use(backend, caps, device, says):
     with pytest.raises(BackendError, match=says):
@@ -201,7 +204,9 @@ def test_backend_names_are_case_insensitive():
 @pytest.mark.parametrize("backend, caps, device, needs", [
     ("nccl", CUDA, "cpu", "nccl' runs on cuda devices only"),
     ("hccl", NPU, "cpu", "hccl' runs on npu devices only"),
-    ("nccl", CUDA._replace(torch_npu=True, npu_devices=2), "npu", "pass device='cuda'"),
+    ("nccl", CUDA._replace(torch_npu=True, npu_devices=2), "npu", "backend='hccl'.*or device='cuda'"),
+    ("gloo", NPU, "npu", "gloo' runs on cpu and cuda devices only, not on device='npu'.*backend='hccl'"),
+    ("mpi", NPU._replace(mpi=True), "npu", "mpi' runs on cpu and cuda devices only.*or device='cpu'"),
 ])
 def test_an_accelerator_backend_on_another_device_fails_before_any_network_wait(backend, caps, device, needs):
     with pytest.raises(BackendError, match=needs):
