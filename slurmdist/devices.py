@@ -70,9 +70,9 @@ def narrowed_per_task(
     """True when this task was left only its own devices, so local rank must not pick among them.
 
     Only an srun task that is itself a rank (`task_is_rank`) can be narrowed for itself: the ranks torchrun or
-    mpirun start inside one task share what it sees. GPUs: `--gpus-per-task=N` (see `gpus_per_task`) and
-    exactly N visible, or a single visible GPU where the step owns more on this node (`SLURM_STEP_GPUS`,
-    `SLURM_GPUS_ON_NODE`). Several visible GPUs without `--gpus-per-task` (e.g. `--gpu-bind=closest`) may be
+    mpirun start inside one task share what it sees. GPUs: `--gpus-per-task=N` (see `gpus_per_task`) not
+    overridden by an explicit `--gpu-bind=closest`, and exactly N visible, or a single visible GPU where the
+    step owns more on this node (`SLURM_STEP_GPUS`, `SLURM_GPUS_ON_NODE`). Several visible GPUs without `--gpus-per-task` (e.g. `--gpu-bind=closest`) may be
     shared with other tasks: local rank picks among them. NPUs: Slurm sets no Ascend variable, so a single
     NPU in `ASCEND_RT_VISIBLE_DEVICES` was chosen for this task on purpose (`=$SLURM_LOCALID`).
     """
@@ -82,7 +82,7 @@ def narrowed_per_task(
         return device_count == 1 and len(_chosen_npus(environ)) == 1
     if device_type != "cuda":
         return False
-    if gpus_per_task(environ) == device_count:
+    if gpus_per_task(environ) == device_count and not _bound_closest(environ):
         return True
     if device_count != 1:
         return False
@@ -90,6 +90,14 @@ def narrowed_per_task(
         return True
     on_node = environ.get("SLURM_GPUS_ON_NODE", "")
     return (whole_number(on_node) or 0) > 1
+
+
+def _bound_closest(environ: Mapping[str, str]) -> bool:
+    """An explicit `--gpu-bind=closest`, which replaces the per-task binding `--gpus-per-task=N` implies (srun's
+    manual): each task sees its socket's GPUs, so tasks of one socket see the same N and are not narrowed to
+    their own, however many they asked for."""
+    bind = environ.get("SLURMD_TRES_BIND", "")
+    return "gpu" in bind and "closest" in bind
 
 
 FALSE_WORDS = ("", "0", "false", "no", "off")

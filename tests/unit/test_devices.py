@@ -304,6 +304,20 @@ def test_gpus_per_task_overridden_by_an_explicit_gpu_bind_is_not_told_to_add_one
     assert "with --gpu-bind=closest" not in said
 
 
+def test_gpus_per_task_two_with_an_explicit_closest_bind_is_not_taken_as_each_tasks_own():
+    # srun -n4 --gpus-per-task=2 --gpu-bind=closest, one socket holding GPUs 0 and 1: tasks 0 and 1 both see
+    # those two, each exactly the count it asked for. Ordinal 0 in both would stack them on GPU 0.
+    environ = {"SLURMD_TRES_BIND": "gres/gpu:closest", "SLURM_TRES_PER_TASK": "cpu:8,gres/gpu:2",
+               "SLURM_GPUS_ON_NODE": "8", "CUDA_VISIBLE_DEVICES": "0,1", "SLURM_STEP_GPUS": "0,1"}
+    for local_rank in range(2):
+        with pytest.raises(BackendError, match=r"asked for --gpus-per-task=2, but an explicit --gpu-bind "
+                                               r"\(SLURMD_TRES_BIND='gres/gpu:closest'\) replaced"):
+            device_ordinal("cuda", local_rank, 4, 2, environ, task_is_rank=True)
+    # The implied binding (per_task:2) does leave each task its own two.
+    assert device_ordinal("cuda", 1, 4, 2, {**environ, "SLURMD_TRES_BIND": "gres/gpu:per_task:2"},
+                          task_is_rank=True) == 0
+
+
 def test_cuda_visible_devices_expanded_once_in_the_batch_step_is_refused_above_local_rank_0(case):
     # export CUDA_VISIBLE_DEVICES=$SLURM_LOCALID in the batch script (or srun bash -c "..." in double quotes):
     # every task of a step that owns both GPUs sees GPU 0 alone.
