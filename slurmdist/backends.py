@@ -300,14 +300,15 @@ def unused_gpus(
 
 
 def rocm_masked(caps: Capabilities, environ: Mapping[str, str]) -> Optional[str]:
-    """Why a ROCm torch sees no GPU where Slurm set ROCR_VISIBLE_DEVICES beside CUDA_VISIBLE_DEVICES (or HIP's):
-    HIP applies the second to what the first already left, renumbered from 0, so both naming GPU 1 leave none.
-    None where that is not the case."""
+    """Why a ROCm torch sees no GPU where Slurm set ROCR_VISIBLE_DEVICES beside CUDA_VISIBLE_DEVICES (or HIP's,
+    or GPU_DEVICE_ORDINAL, which gres.conf's default opencl_env sets and HIP honours too): HIP applies the
+    second to what the first already left, renumbered from 0, so both naming GPU 1 leave none. None where that
+    is not the case."""
     left = listed(environ.get("ROCR_VISIBLE_DEVICES", ""))
     if "rocm" not in caps.torch_version or not left:
         return None
     # Only an index past what ROCR left masks them all ("1" after ROCR's "1": HIP's devices count from 0).
-    second = [name for name in ("HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")
+    second = [name for name in ("HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL")
               if any(not index.isdigit() or int(index) >= len(left) for index in listed(environ.get(name, "")))]
     if not second:
         return None

@@ -291,15 +291,20 @@ def test_a_rocm_torch_that_slurms_two_visibility_variables_left_without_gpus_is_
     rocm = Capabilities(torch_version="2.13.0+rocm6.4", cuda_build=True, nccl=True, gloo=True)
     warning = unused_gpus("auto", choose("auto", rocm), rocm, task)
     assert "ROCR_VISIBLE_DEVICES='1'" in warning and "HIP applies CUDA_VISIBLE_DEVICES" in warning
-    assert "unset CUDA_VISIBLE_DEVICES" in warning and "Flags=amd_gpu_env" in warning
+    # Slurm set GPU_DEVICE_ORDINAL='1' too (opencl_env), which HIP applies as well: unsetting only
+    # CUDA_VISIBLE_DEVICES would still leave no GPU.
+    assert task["GPU_DEVICE_ORDINAL"] == "1"
+    assert "unset CUDA_VISIBLE_DEVICES GPU_DEVICE_ORDINAL" in warning and "Flags=amd_gpu_env" in warning
+    only_ordinal = {name: value for name, value in task.items() if name != "CUDA_VISIBLE_DEVICES"}
+    assert "HIP applies GPU_DEVICE_ORDINAL" in unused_gpus("auto", choose("auto", rocm), rocm, only_ordinal)
     assert "nvidia-smi" not in warning
     with pytest.raises(BackendError, match="sees none .*HIP applies CUDA_VISIBLE_DEVICES .*amd_gpu_env"):
         choose("nccl", rocm, None, task)
     # A CUDA build, or ROCR_VISIBLE_DEVICES alone (Flags=amd_gpu_env): the usual advice.
     assert "nvidia-smi" in unused_gpus("auto", choose("auto", CUDA._replace(cuda_devices=0)),
                                        CUDA._replace(cuda_devices=0), task)
-    alone = {name: value for name, value in task.items() if name != "CUDA_VISIBLE_DEVICES"}
+    alone = {name: value for name, value in task.items() if name not in ("CUDA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL")}
     assert "nvidia-smi" in unused_gpus("auto", choose("auto", rocm), rocm, alone)
     # Indexes within what ROCR left mask nothing: the usual advice, not this one.
-    within = {**task, "ROCR_VISIBLE_DEVICES": "1", "CUDA_VISIBLE_DEVICES": "0"}
+    within = {**task, "ROCR_VISIBLE_DEVICES": "1", "CUDA_VISIBLE_DEVICES": "0", "GPU_DEVICE_ORDINAL": "0"}
     assert "nvidia-smi" in unused_gpus("auto", choose("auto", rocm), rocm, within)
