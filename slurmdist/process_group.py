@@ -489,6 +489,16 @@ def is_main() -> bool:
     return detect().is_main
 
 
+def barrier_device_ids(env: DistEnv) -> Optional[List[int]]:
+    """The bound device for torch's barrier where an accelerator backend runs it (nccl, hccl, or the per-device
+    form naming one): without it torch guesses the current device and warns on every call. gloo's barrier
+    runs on the CPU even for a process bound to a GPU."""
+    backend = env.backend or ""
+    if not env.device_ids or not any(name in backend for name in ("nccl", "hccl")):
+        return None
+    return list(env.device_ids)
+
+
 def barrier() -> None:
     """Wait for every rank (bounded by the collective timeout); a no-op in a single process."""
     env = get_env()
@@ -497,10 +507,7 @@ def barrier() -> None:
     import torch.distributed as dist
 
     try:
-        if env.backend == "nccl" and env.device_ids:
-            dist.barrier(device_ids=list(env.device_ids))
-        else:
-            dist.barrier()
+        dist.barrier(device_ids=barrier_device_ids(env))
     except RuntimeError as exc:  # gloo's own words name a source file, not the setting or what to do
         if _state["owned"]:
             within = f"the collective timeout ({COLLECTIVE_TIMEOUT_VARIABLE}: {_state['collective_timeout']:.0f} s)"

@@ -308,3 +308,19 @@ def test_a_rocm_torch_that_slurms_two_visibility_variables_left_without_gpus_is_
     # Indexes within what ROCR left mask nothing: the usual advice, not this one.
     within = {**task, "ROCR_VISIBLE_DEVICES": "1", "CUDA_VISIBLE_DEVICES": "0", "GPU_DEVICE_ORDINAL": "0"}
     assert "nvidia-smi" in unused_gpus("auto", choose("auto", rocm), rocm, within)
+
+
+@pytest.mark.parametrize("backend, device_ids, expected", [
+    ("nccl", (1,), [1]),
+    ("hccl", (3,), [3]),                 # torch guessed the current NPU and warned on every call
+    ("cpu:gloo,cuda:nccl", (2,), [2]),
+    ("gloo", (1,), None),                # gloo bound to a GPU still runs its barrier on the CPU
+    ("gloo", None, None),
+    ("cpu:gloo,cuda:nccl", None, None),  # the CPU half on a node without GPUs
+])
+def test_barrier_names_the_bound_device_where_an_accelerator_backend_runs_it(backend, device_ids, expected):
+    from slurmdist.distenv import DistEnv
+    from slurmdist.process_group import barrier_device_ids
+
+    env = DistEnv("slurm", 0, 0, 2, 2, 0, 1, "n1", 29500, None, device_ids=device_ids, backend=backend)
+    assert barrier_device_ids(env) == expected
