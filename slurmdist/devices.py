@@ -189,9 +189,12 @@ def _expanded_in_the_batch_step(device_type: str, local_rank: int, variable: str
                                 environ: Mapping[str, str]) -> BackendError:
     kind = "NPU" if device_type == "npu" else "GPU"
     slurm_way = "" if device_type == "npu" else "; or let Slurm give each task its own: srun --gpus-per-task=1"
+    # Slurm overwrites CUDA_VISIBLE_DEVICES in every task of a step with GPUs, so an export in the batch script
+    # cannot narrow GPUs (checked on the local cluster); it does narrow NPUs, for which Slurm sets nothing.
+    written = "an export, or inside" if device_type == "npu" else "inside"
     return BackendError(
         f"local rank {local_rank} sees only {kind} 0 ({visibility(device_type, environ)}), which is what "
-        f"`{variable}=$SLURM_LOCALID` written in the batch script (an export, or inside srun bash -c \"...\" in "
+        f"`{variable}=$SLURM_LOCALID` written in the batch script ({written} srun bash -c \"...\" in "
         "double quotes) gives every task: it expands once, in the batch step, whose SLURM_LOCALID is 0, so all "
         f"the node's ranks would share {kind} 0. Set it in each task instead, in single quotes: srun bash -c "
         f"'{variable}=$SLURM_LOCALID exec python train.py'{slurm_way}. If they are meant to share it, or a per-rank "
