@@ -206,7 +206,8 @@ def test_npu_narrowed_per_task_is_ordinal_zero(case):
             if environ["SLURM_LOCALID"] == "0":
                 assert ordinal(environ, 1, device_type="npu") == 0
                 continue
-            with pytest.raises(BackendError, match=r"local rank 1 sees only NPU 0 .*in the batch script \(an export, or inside srun bash"):
+            with pytest.raises(BackendError, match=r"local rank 1 sees only NPU 0 .*in the batch script "
+                                                   r"\(an export, or inside srun bash"):
                 ordinal(environ, 1, device_type="npu")
             assert ordinal({**environ, "SLURMDIST_SHARE_DEVICES": "1"}, 1, device_type="npu") == 0
     # Two NPUs left to a task of two local ranks: local rank picks among them, as before.
