@@ -73,8 +73,9 @@ def narrowed_per_task(
     mpirun start inside one task share what it sees. GPUs: `--gpus-per-task=N` (see `gpus_per_task`) not
     overridden by an explicit `--gpu-bind=closest`, and exactly N visible, or a single visible GPU where the
     step owns more on this node (`SLURM_STEP_GPUS`, `SLURM_GPUS_ON_NODE`). Several visible GPUs without
-    `--gpus-per-task` (e.g. `--gpu-bind=closest`) may be shared with other tasks: local rank picks among them. NPUs: Slurm sets no Ascend variable, so a single
-    NPU in `ASCEND_RT_VISIBLE_DEVICES` was chosen for this task on purpose (`=$SLURM_LOCALID`).
+    `--gpus-per-task` (e.g. `--gpu-bind=closest`) may be shared with other tasks: local rank picks among them.
+    NPUs: Slurm sets no Ascend variable, so a single NPU in `ASCEND_RT_VISIBLE_DEVICES` was chosen for this
+    task on purpose (`=$SLURM_LOCALID`).
     """
     if not task_is_rank:
         return False
