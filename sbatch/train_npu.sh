@@ -50,6 +50,8 @@ fi
 # hccl's own timeouts (seconds): connecting to the other NPUs, and one collective. Bounded, never forever.
 export HCCL_CONNECT_TIMEOUT=${HCCL_CONNECT_TIMEOUT:-600}
 export HCCL_EXEC_TIMEOUT=${HCCL_EXEC_TIMEOUT:-1800}
+# On nodes with several networks hccl takes the first interface by name (not lo or docker's), which may not
+# reach the other nodes: name the one they share, e.g. export HCCL_SOCKET_IFNAME=ib0 (or set HCCL_IF_IP).
 
 PYTHON=${PYTHON:-python}
 TRAIN_STEPS=${TRAIN_STEPS:-200}
