@@ -82,7 +82,10 @@ def test_env_json_and_text_formats():
             shown["node_rank"], shown["num_nodes"]) == tuple(int(expected[name]) for name in expected)
     assert (shown["launcher"], shown["master_addr"], shown["job_id"]) == ("slurm", "node1", task["SLURM_JOB_ID"])
     text = slurmdist("env", environ=clean_environ(**task)).stdout
-    assert "launcher" in text and "slurm" in text and "node1" in text
+    rows = dict(line.split(None, 1) for line in text.splitlines() if line.strip())
+    assert (rows["rank"], rows["local_rank"], rows["world_size"], rows["local_world_size"], rows["node_rank"],
+            rows["num_nodes"]) == tuple(expected.values())
+    assert (rows["launcher"], rows["master_addr"], rows["job_id"]) == ("slurm", "node1", task["SLURM_JOB_ID"])
 
 
 def test_errors_exit_2_with_the_variable_named_and_no_traceback():

@@ -45,10 +45,12 @@ def test_a_grandchild_holding_the_output_open_does_not_hold_the_caller(tmp_path)
     try:
         with pytest.raises(subprocess.TimeoutExpired):
             commands.run(["sh", "-c", f'sleep 20 & echo $! > "{pid_file}"; exec sleep 20'], timeout=0.5)
+        assert pid_file.exists(), "the grandchild never started: the test proved nothing"
+        # Still alive, so still holding the pipes: run() came back without waiting for them to close.
+        os.kill(int(pid_file.read_text()), 0)
     finally:
         if pid_file.exists():
             os.kill(int(pid_file.read_text()), signal.SIGKILL)
-    assert pid_file.exists(), "the grandchild never started: the test proved nothing"
 
 
 def test_a_child_that_outlives_its_kill_is_left_behind(monkeypatch) -> None:

@@ -44,11 +44,12 @@ def test_torchs_cpp_callers_find_every_method():
     inner = torch.distributed.HashStore()
     inner.set_timeout(timedelta(seconds=42))
     store = mesh_store(inner, None)
-    through = torch.distributed.PrefixStore("group/", store)
+    through = torch.distributed.PrefixStore("group", store)  # torch joins prefix and key with "/"
     through.set("a", "1")
-    assert through.num_keys() == inner.num_keys() == 1
+    assert through.num_keys() == inner.num_keys() == 1 and inner.check(["group/a"])
     assert through.delete_key("a") and not inner.check(["group/a"])
-    assert through.clone() is not None
+    inner.set("group/b", "2")
+    assert through.clone().get("b") == b"2"  # a clone reaches the same keys
     assert store.timeout == timedelta(seconds=42)
     store.set_timeout(timedelta(seconds=7))
     assert store.timeout == inner.timeout == timedelta(seconds=7)

@@ -366,7 +366,10 @@ def test_the_warning_signal_is_spelled_as_slurm_does_and_explained_at_the_top():
     # sbatch refuses PWR by name (an invalid --signal specification) and takes its number.
     script = render(JobSpec(command=("python", "t.py"), time="30", signal="pwr@300"))
     assert f"#SBATCH --signal={int(signal.SIGPWR)}@300\n" in script and "every task gets SIGPWR" in script
-    assert "kills it" not in render(JobSpec(command=("python", "t.py"), signal=""))
+    # signal='' (the CLI's --signal ''): no warning signal asked for, none listened for, nothing said of one.
+    without = render(JobSpec(command=("python", "t.py"), signal=""))
+    assert "--signal" not in without and "SLURMDIST_REQUEUE_SIGNAL" not in without
+    assert "before the time limit" not in without.split("#SBATCH", 1)[0]
     for unlimited in ("0", "00", "0:00", "00:00:00", "0-0", "0-00:00:00"):  # Slurm's "no limit", however written
         assert f"#SBATCH --time={unlimited}\n" in render(JobSpec(command=("python", "t.py"), time=unlimited))
 
