@@ -13,7 +13,10 @@
 #SBATCH --gpus-per-node=4         # every rank on a node sees the node's four GPUs; slurmdist picks by local rank
 #SBATCH --cpus-per-task=8         # cores per rank
 #SBATCH --time=00:30:00           # hh:mm:ss
+#SBATCH --requeue                 # after a node failure or preemption, run again (and resume)
 #SBATCH --output=%x-%j.out        # %x = job name, %j = job id; the directory must already exist
+#SBATCH --open-mode=append        # a requeued run adds to the log (Slurm would start it afresh)
+# No --signal here: mpirun does not hand SIGUSR2 on to its ranks, and dies of it.
 
 set -euo pipefail
 

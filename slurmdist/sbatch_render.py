@@ -378,6 +378,8 @@ def sbatch_options(spec: JobSpec) -> List[str]:
     options.append(f"--output={spec.output}")
     if spec.requeue:  # a requeued run adds to the log: Slurm would truncate it, and the earlier run's lines with it
         options += ["--requeue", "--open-mode=append"]
+    else:  # said outright: a site's JobRequeue=1 (Slurm's default) requeues any job that does not say so
+        options.append("--no-requeue")
     return options
 
 

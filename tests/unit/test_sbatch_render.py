@@ -339,13 +339,17 @@ def test_a_log_folder_that_does_not_exist_is_warned_about(capsys, tmp_path, monk
     assert ("mkdir -p logs" in captured.err) == warned
 
 
-def test_a_job_that_requeues_appends_to_its_log_and_one_that_does_not_leaves_slurms_default():
+def test_a_job_that_requeues_appends_to_its_log_and_one_that_does_not_says_so():
     # Slurm truncates --output when a requeued run starts: the earlier run's lines (its traceback) would be gone.
     assert "#SBATCH --open-mode=append\n" in render(JobSpec(command=("python", "t.py")))
-    assert "open-mode" not in render(JobSpec(command=("python", "t.py"), requeue=False))
-    for script in sorted((REPO / "sbatch").glob("*.sh")):
+    # --no-requeue is written out: leaving out --requeue alone would still let Slurm's JobRequeue=1 (its default)
+    # requeue the job on preemption, truncating the log that --open-mode=append no longer protects.
+    kept_out = render(JobSpec(command=("python", "t.py"), requeue=False))
+    assert "open-mode" not in kept_out and "#SBATCH --requeue" not in kept_out
+    assert "#SBATCH --no-requeue\n" in kept_out
+    for script in sorted((REPO / "sbatch").glob("*.sh")):  # each is requeued on preemption, and keeps its log
         text = script.read_text()
-        assert ("#SBATCH --requeue" in text) == ("#SBATCH --open-mode=append" in text), script.name
+        assert "#SBATCH --requeue" in text and "#SBATCH --open-mode=append" in text, script.name
 
 
 @pytest.mark.parametrize("device, unit", [("gpu", "GPU"), ("npu", "NPU"), ("cpu", "rank")])
