@@ -543,6 +543,10 @@ def setup_syntax_problem(setup: Sequence[str], option: str = "--setup") -> Optio
 
     if not setup:
         return None
+    last = setup[-1]
+    if (len(last) - len(last.rstrip("\\"))) % 2:  # bash -n takes it: the next line is simply missing
+        return (f"the last {option} line {last!r} ends in a backslash, which would join it to the line the job "
+                "script runs after it: drop the backslash, or finish the command on that line")
     # As the job runs them: one line after another (the rendered script, submitit's, the local wrapper). -n
     # parses without running, so a `shopt -s extglob` among them is taken as given.
     try:
@@ -550,6 +554,13 @@ def setup_syntax_problem(setup: Sequence[str], option: str = "--setup") -> Optio
                                timeout=SETUP_CHECK_TIMEOUT)
     except (OSError, subprocess.TimeoutExpired):
         return None
+    open_heredoc = re.search(r"here-document at line (\d+) delimited by end-of-file \(wanted `(.*)'\)", checked.stderr)
+    if open_heredoc is not None:  # only a warning to bash, which then feeds it the rest of the job script
+        number, marker = int(open_heredoc[1]), open_heredoc[2]
+        near = f" at {option} {setup[number - 1]!r}" if 1 <= number <= len(setup) else ""
+        return (f"the {option} lines open a heredoc{near} that they never close, so it would swallow the rest "
+                f"of the job script, launch included: end it with a {option} line that is {marker!r} alone, "
+                "not indented")
     if checked.returncode == 0:
         return None
     said = checked.stderr.strip().splitlines()[0] if checked.stderr.strip() else f"status {checked.returncode}"

@@ -130,6 +130,11 @@ def test_a_setup_value_must_be_one_shell_line(line):
     (["echo \"unterminated"], r"not valid shell at --setup 'echo \"unterminated': unexpected EOF"),
     (["module load x", "}"], r"not valid shell at --setup '}': syntax error near unexpected token"),
     (["if [[ -n ${X:-} ]]; then", "module load x"], r"not valid shell: syntax error"),
+    # Both parse under bash -n (a heredoc left open is only a warning to bash), then take in the script's next
+    # lines: the open heredoc swallowed the launch and the job ended COMPLETED without training.
+    (["cat > cfg.txt <<EOF", "lr: 0.1", " EOF"], r"open a heredoc at --setup 'cat > cfg.txt <<EOF' that they "
+                                                 r"never close.*launch included.*'EOF' alone, not indented"),
+    (["module load x \\"], r"the last --setup line 'module load x \\\\' ends in a backslash"),
 ])
 def test_setup_lines_that_are_not_shell_are_refused_before_the_job_exists(capsys, command, setup, message):
     # Rendered, such a script exited 0 and `bash -n` then blamed a line of the script the setup broke; submitted,
@@ -146,6 +151,7 @@ def test_setup_lines_that_are_not_shell_are_refused_before_the_job_exists(capsys
     ["if [[ -n ${SLURM_JOB_ID:-} ]]; then", "module load cuda", "fi", "source ~/venv/bin/activate"],
     ["# module load cuda (not on this cluster)"],  # a comment alone: in a { } group, bash refused it
     ["shopt -s extglob", "rm -f @(a|b).tmp"],  # parsed after the shopt ran, as a script's lines are
+    ["export A=1 \\", "  B=2", "echo a\\\\"],  # a continued line, an escaped backslash at the end
 ])
 def test_setup_lines_that_parse_together_pass(capsys, lines):
     assert cli.main(["sbatch", "--device", "cpu", *[w for line in lines for w in ("--setup", line)], "--",
