@@ -176,15 +176,21 @@ def _check_mem(mem: Optional[str]) -> None:
 _OPTIONS_NOT_ABBREVIATIONS = frozenset({"gpus"})
 
 
+# Other names sbatch takes for an option (its getopt table): `tasks-per-node=3` is --ntasks-per-node=3.
+_SBATCH_ALIASES = {"tasks-per-node": "ntasks-per-node"}
+
+
 def managed_option(option: str, managed: Collection[str]) -> Optional[str]:
-    """Which of the `managed` options `option` (a long name, '-' spelled) stands for: itself, or the one it
-    abbreviates (sbatch takes any unambiguous start of a long option: `part=x` is --partition); None for
-    none."""
-    if option in managed:
-        return option
+    """Which of the `managed` options `option` (a long name, '-' spelled) stands for: itself, one of its other
+    names, or the one it abbreviates (sbatch takes any unambiguous start of a long option: `part=x` is
+    --partition, `tasks=3` is --tasks-per-node); None for none."""
+    names = {**{name: name for name in managed},
+             **{alias: name for alias, name in _SBATCH_ALIASES.items() if name in managed}}
+    if option in names:
+        return names[option]
     if option in _OPTIONS_NOT_ABBREVIATIONS:
         return None
-    return next((name for name in sorted(managed) if name.startswith(option)), None)
+    return next((names[name] for name in sorted(names) if name.startswith(option)), None)
 
 
 def asks_for_devices(extra: Sequence[Tuple[str, Optional[str]]]) -> bool:

@@ -321,6 +321,10 @@ def test_memory_and_any_other_sbatch_option_reach_the_script(capsys):
     (["--sbatch", "job_name=x"], r"writes --job-name itself; use --job-name"),
     (["--sbatch", "C=a100"], r"long name \(constraint for -C"),
     (["--sbatch", "part=debug"], r"writes --partition itself \(sbatch reads part as --partition\)"),
+    # sbatch's other name for --ntasks-per-node, and its start: 3 ranks per node past the GPU check.
+    (["--sbatch", "tasks-per-node=3"], r"writes --ntasks-per-node itself \(sbatch reads tasks-per-node as "
+                                       r"--ntasks-per-node\); use --tasks-per-node"),
+    (["--sbatch", "tasks=3"], r"writes --ntasks-per-node itself \(sbatch reads tasks as --ntasks-per-node\)"),
     (["--sbatch", "comment=two words"], r"one word without spaces"),
     (["--sbatch", "comment=x\n#SBATCH --nodes=99"], r"one word without spaces"),
     (["--sbatch", "=x"], r"expected KEY=VALUE"),

@@ -110,6 +110,8 @@ def test_a_signal_sbatch_knows_by_number_only_is_given_as_its_number():
     ({"sbatch": {"ntasks_per_node": 3}}, r"set by slurmdist; instead use gpus_per_node=G \(one task per GPU\) or"),
     ({"sbatch": {"job-name": "x"}}, "'job-name' is set by slurmdist; instead use name=NAME"),
     ({"sbatch": {"part": "x"}}, r"'part' is set by slurmdist \(sbatch reads it as --partition\); instead use partition="),
+    ({"sbatch": {"tasks_per_node": 3}}, r"'tasks_per_node' is set by slurmdist \(sbatch reads it as "
+                                         r"--ntasks-per-node\); instead use gpus_per_node=G"),
     ({"sbatch": {"C": "a100"}}, "'C' is a short option; give its long name"),
     ({"sbatch": {"bad key\n#SBATCH --x": "1"}}, "not an option name"),
     ({"sbatch": {"qos\n": "x"}}, "not an option name"),  # '$' in a pattern also matches before a last newline
