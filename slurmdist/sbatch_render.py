@@ -122,6 +122,10 @@ def validate(spec: JobSpec) -> JobSpec:
     _check_mem(spec.mem)
     for name, value in spec.extra:
         _check_extra(name, value)
+    if _npu_gres(spec) and any(re.match(r"npu(:|$)", item) for item in _extra_gres(spec)):
+        raise SbatchError(f"--sbatch gres={','.join(_extra_gres(spec))} asks for NPUs again beside -G "
+                          f"{spec.gpus_per_node} --device npu, which the script writes as --gres=npu:"
+                          f"{spec.gpus_per_node}: give the NPU count once, with -G")
     # Errors quote the value as the user wrote it.
     typed = f"--signal {spec.signal!r}" if spec.signal is not None else f"the default --signal {DEFAULT_SIGNAL}"
     warning = spec.signal
@@ -366,19 +370,34 @@ def render(spec: JobSpec) -> str:
     return "\n".join(lines + launch) + "\n"
 
 
+def _npu_gres(spec: JobSpec) -> bool:
+    """Whether the script asks for the job's NPUs itself, with --gres (Slurm has no --npus-per-node)."""
+    return bool(spec.gpus_per_node) and spec.device == "npu"
+
+
+def _is_gres(name: str) -> bool:
+    return name.replace("_", "-") == "gres"
+
+
+def _extra_gres(spec: JobSpec) -> List[str]:
+    """The resources --sbatch gres=... asks for besides ('gpu:1', 'tmpdisk:10')."""
+    return [item for name, value in spec.extra if _is_gres(name) and value for item in value.split(",") if item]
+
+
 def sbatch_options(spec: JobSpec) -> List[str]:
     """The #SBATCH options, in the order a reader looks for them."""
     options = [f"--job-name={spec.job_name}", f"--nodes={spec.nodes}", f"--ntasks-per-node={spec.tasks_per_node}"]
     if spec.gpus_per_node and spec.device == "gpu":
         options.append(f"--gpus-per-node={spec.gpus_per_node}")
-    elif spec.gpus_per_node and spec.device == "npu":
-        options.append(f"--gres=npu:{spec.gpus_per_node}")
+    elif _npu_gres(spec):  # one --gres line with the user's own: sbatch keeps only the last one given
+        options.append("--gres=" + ",".join([f"npu:{spec.gpus_per_node}", *_extra_gres(spec)]))
     if spec.cpus_per_task:
         options.append(f"--cpus-per-task={spec.cpus_per_task}")
     options.append(f"--time={spec.time}")
     options += [f"--{name}={value}" for name, value in (("partition", spec.partition), ("account", spec.account),
                                                         ("mem", spec.mem)) if value]
-    options += [f"--{name.replace('_', '-')}" + ("" if value is None else f"={value}") for name, value in spec.extra]
+    options += [f"--{name.replace('_', '-')}" + ("" if value is None else f"={value}") for name, value in spec.extra
+                if not (_npu_gres(spec) and _is_gres(name))]
     if spec.signal:  # srun only (validated): torchrun's agent and mpirun do not pass SIGUSR2 on
         options.append(f"--signal={spec.signal}")
     options.append(f"--output={spec.output}")

@@ -408,6 +408,18 @@ def test_the_tasks_requeue_handler_listens_for_the_signal_the_script_asks_slurm_
     assert (tmp_path / "heard").read_text().strip() == expected.name
 
 
+def test_npu_jobs_ask_for_other_generic_resources_on_the_same_gres_line():
+    # sbatch keeps only the last --gres it is given: a second line dropped the NPUs (the job ran with gpu:1 alone).
+    npu = render(JobSpec(command=("python", "t.py"), gpus_per_node=2, device="npu",
+                         extra=(("gres", "gpu:1,tmp:10"), ("gres_flags", "enforce-binding"))))
+    assert [line for line in npu.splitlines() if line.startswith("#SBATCH --gres")] == [
+        "#SBATCH --gres=npu:2,gpu:1,tmp:10", "#SBATCH --gres-flags=enforce-binding"]
+    with pytest.raises(SbatchError, match=r"--sbatch gres=npu:4 asks for NPUs again beside -G 2 --device npu.*once"):
+        render(JobSpec(command=("python", "t.py"), gpus_per_node=2, device="npu", extra=(("gres", "npu:4"),)))
+    gpu = render(JobSpec(command=("python", "t.py"), gpus_per_node=2, extra=(("gres", "tmp:10"),)))
+    assert "#SBATCH --gpus-per-node=2\n" in gpu and "#SBATCH --gres=tmp:10\n" in gpu  # two options, both kept
+
+
 def test_npu_cpu_and_torchrun_layouts():
     npu = render(JobSpec(command=("python", "t.py"), nodes=2, gpus_per_node=8, device="npu"))
     assert "#SBATCH --gres=npu:8\n" in npu and "--ntasks-per-node=8\n" in npu and "gpus-per-node" not in npu
