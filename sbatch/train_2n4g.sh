@@ -49,7 +49,8 @@ TRAIN_DIR=${TRAIN_DIR:-runs/${SLURM_JOB_NAME}-${SLURM_JOB_ID}}  # same job id af
 mkdir -p "$TRAIN_DIR"
 
 # These expand once, here in the batch script, on the first node: the same values for every task.
-echo "job $SLURM_JOB_ID: $SLURM_NNODES nodes ($SLURM_JOB_NODELIST), $SLURM_NTASKS tasks, dir $TRAIN_DIR"
+# (salloc without a task count sets no SLURM_NTASKS: srun then starts one task per node.)
+echo "job $SLURM_JOB_ID: $SLURM_NNODES nodes ($SLURM_JOB_NODELIST), ${SLURM_NTASKS:-$SLURM_NNODES} tasks, dir $TRAIN_DIR"
 
 # One srun step starts all 8 tasks; slurmdist.init() reads each task's SLURM_PROCID/SLURM_LOCALID.
 # --kill-on-bad-exit: one crashed rank ends the step instead of leaving the others waiting in a collective.

@@ -36,6 +36,11 @@ case ${SLURM_EXPORT_ENV:-} in [Nn][Oo][Nn][Ee] | [Nn][Ii][Ll]) export SLURM_EXPO
     echo "train_mpirun.sh: run sbatch from the repository root, or give it --chdir=ROOT (there is no examples/train.py in $PWD)" >&2
     exit 2
 }
+# mpirun -np below takes the allocation's task count, which salloc leaves unset when asked for none.
+[[ -n ${SLURM_NTASKS:-} ]] || {
+    echo "train_mpirun.sh: this allocation has no task count (SLURM_NTASKS is unset: salloc without -n or --ntasks-per-node); ask for one rank per GPU, e.g. salloc -N2 --ntasks-per-node=4 --gpus-per-node=4" >&2
+    exit 2
+}
 
 # If your site loads MPI as a module, do it here, e.g.: module load openmpi
 PYTHON=${PYTHON:-python}

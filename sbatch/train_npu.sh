@@ -57,7 +57,7 @@ PYTHON=${PYTHON:-python}
 TRAIN_STEPS=${TRAIN_STEPS:-200}
 TRAIN_DIR=${TRAIN_DIR:-runs/${SLURM_JOB_NAME}-${SLURM_JOB_ID}}
 mkdir -p "$TRAIN_DIR"
-echo "job $SLURM_JOB_ID: $SLURM_NNODES nodes ($SLURM_JOB_NODELIST), $SLURM_NTASKS tasks on NPUs"
+echo "job $SLURM_JOB_ID: $SLURM_NNODES nodes ($SLURM_JOB_NODELIST), ${SLURM_NTASKS:-$SLURM_NNODES} tasks on NPUs"
 
 # --backend hccl: fail at once with a clear message if torch_npu is missing, instead of training on CPU.
 # slurmdist picks the NPU by SLURM_LOCALID among the NPUs the task sees (after ASCEND_RT_VISIBLE_DEVICES).

@@ -42,13 +42,16 @@ case ${SLURM_EXPORT_ENV:-} in [Nn][Oo][Nn][Ee] | [Nn][Ii][Ll]) export SLURM_EXPO
 PYTHON=${PYTHON:-python}
 TRAIN_STEPS=${TRAIN_STEPS:-200}
 TRAIN_DIR=${TRAIN_DIR:-runs/${SLURM_JOB_NAME}-${SLURM_JOB_ID}}
-NPROC_PER_NODE=${NPROC_PER_NODE:-${SLURM_GPUS_ON_NODE:-4}}  # workers per node: one per GPU
+# The node's GPUs: the batch step has SLURM_GPUS_ON_NODE; an salloc shell only --gpus-per-node's own variable.
+gpus_per_node=${SLURM_GPUS_PER_NODE:-}
+node_gpus=${SLURM_GPUS_ON_NODE:-${gpus_per_node##*:}}  # "a100:4" -> 4
+NPROC_PER_NODE=${NPROC_PER_NODE:-${node_gpus:-4}}  # workers per node: one per GPU
 [[ $NPROC_PER_NODE =~ ^[1-9][0-9]*$ ]] || { echo "NPROC_PER_NODE must be a number, got '$NPROC_PER_NODE'" >&2; exit 2; }
 # More workers than the node's GPUs would stack them: slurmdist.init() refuses that in every worker, later,
 # unless SLURMDIST_SHARE_DEVICES says they may share (over gloo).
 share=${SLURMDIST_SHARE_DEVICES:-0}
-if [[ -n ${SLURM_GPUS_ON_NODE:-} && ! ${share,,} =~ ^(1|true|yes|on)$ ]] && ((NPROC_PER_NODE > SLURM_GPUS_ON_NODE)); then
-    echo "train_torchrun.sh: NPROC_PER_NODE=$NPROC_PER_NODE workers per node, but the job has $SLURM_GPUS_ON_NODE GPU(s) per node (--gpus-per-node); export SLURMDIST_SHARE_DEVICES=1 if they are meant to share them" >&2
+if [[ $node_gpus =~ ^[0-9]+$ && ! ${share,,} =~ ^(1|true|yes|on)$ ]] && ((NPROC_PER_NODE > node_gpus)); then
+    echo "train_torchrun.sh: NPROC_PER_NODE=$NPROC_PER_NODE workers per node, but the job has $node_gpus GPU(s) per node (--gpus-per-node); export SLURMDIST_SHARE_DEVICES=1 if they are meant to share them" >&2
     exit 2
 fi
 # One srun task per node: each is a torchrun agent, and two on a node would both host its rendezvous port.

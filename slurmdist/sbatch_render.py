@@ -322,6 +322,14 @@ NOT_IN_A_JOB = [
 ]
 
 
+# mpirun -np takes the allocation's task count, which salloc leaves unset when asked for none.
+MPIRUN_NEEDS_A_TASK_COUNT = [
+    '[[ -n ${SLURM_NTASKS:-} ]] || { echo "${0##*/}: this allocation has no task count (SLURM_NTASKS is unset: '
+    'salloc without -n or --ntasks-per-node); ask for one rank per device, e.g. salloc -N2 --ntasks-per-node=4" '
+    '>&2; exit 2; }',
+]
+
+
 def render(spec: JobSpec) -> str:
     """The job script for `spec`, validated here."""
     spec = validate(spec)
@@ -336,6 +344,13 @@ def render(spec: JobSpec) -> str:
                   "# command. Render with --signal '' for no warning.", "#"]
     lines += [f"#SBATCH {option}" for option in sbatch_options(spec)]
     lines += ["", "set -euo pipefail", *NOT_IN_A_JOB]
+    if spec.launcher == "mpirun":
+        lines += MPIRUN_NEEDS_A_TASK_COUNT
+    elif spec.launcher == "torchrun":  # `sbatch --ntasks-per-node=2 THIS_FILE` would override the script's 1
+        lines += ["# One srun task per node: each is a torchrun agent, and two on a node would both host its port.",
+                  "[[ ${SLURM_TASKS_PER_NODE:-1} =~ ^1(\\(x[0-9]+\\))?$ ]] || { echo \"${0##*/}: one task per node "
+                  "(--ntasks-per-node=1), got SLURM_TASKS_PER_NODE=$SLURM_TASKS_PER_NODE: torchrun starts the "
+                  f"workers, {spec.workers_per_node} of them\" >&2; exit 2; }}"]
     if spec.signal:
         lines += ["# The signal slurmdist.requeue.install() listens for: the one --signal above sends.",
                   f"export {REQUEUE_SIGNAL_VARIABLE}={_signal_called(_warning_of(spec.signal)[0])[3:]}"]
@@ -358,7 +373,9 @@ def render(spec: JobSpec) -> str:
         lines += ["# --setup, here in the batch script; the tasks srun starts inherit what it sets up.",
                   "job_dir=$PWD", "set +u", *spec.setup, "set -u", 'cd "$job_dir"']
     lines += [
-        'echo "job $SLURM_JOB_ID: $SLURM_NNODES node(s) ($SLURM_JOB_NODELIST), $SLURM_NTASKS task(s)"',
+        # salloc without a task count sets no SLURM_NTASKS: srun then starts one task per node.
+        'echo "job $SLURM_JOB_ID: $SLURM_NNODES node(s) ($SLURM_JOB_NODELIST), ${SLURM_NTASKS:-$SLURM_NNODES} '
+        'task(s)"',
         "",
     ]
     launch = launch_lines(spec)

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from tests.integration.cluster import PYTHON, require
+from tests.integration.cluster import PYTHON, REPO, require
 
 pytestmark = pytest.mark.integration
 
@@ -70,3 +70,46 @@ def test_rank_0_typed_at_an_srun_pty_shell_stops_saying_the_other_tasks_are_gone
     said = done.stdout + done.stderr
     assert "LaunchError: this is rank 0 of 2 of srun step" in said and "srun --overlap" in said, said
     assert "never arrived" not in said, said
+
+
+def test_the_job_scripts_run_inside_an_salloc_that_asked_for_no_task_count(slurm_cluster, tmp_path):
+    # `salloc -N2` alone sets no SLURM_NTASKS: the scripts' info line died of it under set -u (unbound
+    # variable) before srun started; train_mpirun.sh needs a task count for -np and says how to ask for one.
+    environ = {"PYTHON": PYTHON, "TRAIN_STEPS": "4", "TRAIN_DIR": str(tmp_path / "run")}
+    done = slurm_cluster.run(["salloc", "-N2", "-t", "5", "bash", "sbatch/train_2n4g.sh"], cwd=REPO, env=environ,
+                             timeout=TIMEOUT, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert ": 2 nodes (" in done.stdout and "2 tasks, dir" in done.stdout, done.stdout
+    assert "slurm: 2 rank(s)" in done.stdout and "done: loss" in done.stdout, done.stdout + done.stderr
+    refused = slurm_cluster.run(["salloc", "-N2", "-t", "5", "bash", "sbatch/train_mpirun.sh"], cwd=REPO,
+                                env=environ, timeout=TIMEOUT, check=False)
+    assert refused.returncode == 2 and "train_mpirun.sh: this allocation has no task count (SLURM_NTASKS is " \
+        "unset: salloc without -n or --ntasks-per-node)" in refused.stderr, refused.stdout + refused.stderr
+
+
+def test_rendered_scripts_and_the_torchrun_script_read_an_sallocs_own_layout(slurm_cluster, tmp_path):
+    def rendered(*options: str, command=(PYTHON, "-c", PRINT_PROBE)) -> str:
+        path = tmp_path / f"job{len(list(tmp_path.glob('job*.sh')))}.sh"
+        path.write_text(slurm_cluster.run([PYTHON, "-m", "slurmdist", "sbatch", *options, "--", *command],
+                                          timeout=TIMEOUT).stdout)
+        return str(path)
+
+    def in_salloc(*args: str, **environ: str):
+        return slurm_cluster.run(["salloc", "-t", "5", *args], cwd=REPO, env=environ, timeout=TIMEOUT, check=False)
+
+    ran = in_salloc("-N2", "bash", rendered("-N2", "--tasks-per-node", "1", "--device", "cpu"))
+    assert ran.returncode == 0 and "2 node(s) (" in ran.stdout and "), 2 task(s)" in ran.stdout, ran.stdout + ran.stderr
+    assert sorted(line for line in ran.stdout.splitlines() if line.startswith("task ")) == \
+        ["task 0 sees None", "task 1 sees None"], ran.stdout
+    mpirun = in_salloc("-N2", "bash", rendered("-N2", "--launcher", "mpirun", "--device", "cpu"))
+    assert mpirun.returncode == 2 and "this allocation has no task count" in mpirun.stderr, mpirun.stderr
+    # Two torchrun agents on a node would both host the rendezvous port: refused before either starts.
+    agents = rendered("-N1", "--launcher", "torchrun", "-G", "2", command=("train.py",))
+    torchrun = in_salloc("-N1", "--ntasks-per-node=2", "bash", agents)
+    assert torchrun.returncode == 2 and "one task per node (--ntasks-per-node=1), got SLURM_TASKS_PER_NODE=2" \
+        in torchrun.stderr, torchrun.stderr
+    # salloc's shell has SLURM_GPUS_PER_NODE, not the batch step's SLURM_GPUS_ON_NODE: 3 workers on 2 GPUs.
+    stacked = in_salloc("-N1", "--gpus-per-node=2", "bash", "sbatch/train_torchrun.sh", NPROC_PER_NODE="3",
+                        TRAIN_DIR=str(tmp_path / "run"))
+    assert stacked.returncode == 2 and "NPROC_PER_NODE=3 workers per node, but the job has 2 GPU(s) per node" \
+        in stacked.stderr, stacked.stderr
