@@ -149,6 +149,10 @@ def validate(spec: JobSpec) -> JobSpec:
     if spec.workers_per_node is not None and spec.launcher != "torchrun":
         raise SbatchError(f"--workers-per-node is for --launcher torchrun; with {spec.launcher} each task is one "
                           "rank: use --tasks-per-node")
+    if spec.launcher != "torchrun" and spec.command[0].startswith("-"):
+        raise SbatchError(f"the command starts with {spec.command[0]!r}, which {spec.launcher} would read as an "
+                          f"option of its own (srun: 'Invalid --distribution specification' for -m): name the "
+                          f"program first, e.g. `-- python {quote_command(spec.command)}`")
     if spec.launcher == "torchrun":
         if spec.tasks_per_node not in (None, 1):
             raise SbatchError("--launcher torchrun runs one srun task per node (torchrun starts the workers): "

@@ -16,6 +16,7 @@ import argparse
 import contextlib
 import io
 import re
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -132,7 +133,11 @@ def submitter_options(args: argparse.Namespace) -> Dict[str, Any]:
 
 
 def command_of(args: argparse.Namespace) -> List[str]:
-    return command_words(args.command, "slurmdist submit", "slurmdist submit [options] -- python train.py ARGS")
+    command = command_words(args.command, "slurmdist submit", "slurmdist submit [options] -- python train.py ARGS")
+    if command[0].startswith("-"):  # each task would exec '-m' and fail, after the job's wait in the queue
+        raise SlurmdistError(f"slurmdist submit -- {shlex.join(command)}: the command starts with an option, not a "
+                             f"program: name the program first, e.g. `-- python {shlex.join(command)}`")
+    return command
 
 
 def run(args: argparse.Namespace) -> int:

@@ -408,6 +408,16 @@ def test_the_tasks_requeue_handler_listens_for_the_signal_the_script_asks_slurm_
     assert (tmp_path / "heard").read_text().strip() == expected.name
 
 
+@pytest.mark.parametrize("launcher", ["srun", "mpirun"])
+def test_a_command_that_starts_with_an_option_is_refused_where_the_launcher_would_take_it(launcher):
+    # `srun --kill-on-bad-exit=1 -m pkg`: srun read -m as its --distribution; the job failed after its queue wait.
+    with pytest.raises(SbatchError, match=rf"the command starts with '-m', which {launcher} would read as an option "
+                                          r"of its own.*`-- python -m pkg a 'b c'`"):
+        render(JobSpec(command=("-m", "pkg", "a", "b c"), device="cpu", launcher=launcher))
+    # torchrun takes -m itself: its workers run python -m pkg.
+    assert "torchrun -m pkg a\n" in render(JobSpec(command=("-m", "pkg", "a"), gpus_per_node=1, launcher="torchrun"))
+
+
 def test_npu_jobs_ask_for_other_generic_resources_on_the_same_gres_line():
     # sbatch keeps only the last --gres it is given: a second line dropped the NPUs (the job ran with gpu:1 alone).
     npu = render(JobSpec(command=("python", "t.py"), gpus_per_node=2, device="npu",

@@ -62,6 +62,9 @@ def test_sbatch_needs_a_key():
 @pytest.mark.parametrize("argv, message", [
     (["submit"], "needs a command"),
     (["submit", "--", "", "train.py"], "slurmdist submit -- '' train.py: the command's name is empty"),
+    (["submit", "--cluster", "local", "--", "-m", "pkg"],
+     "slurmdist submit -- -m pkg: the command starts with an option, not a program: name the program first, "
+     "e.g. `-- python -m pkg`"),
     # Submitter's errors in the options' terms, not its keywords (nodes=0)
     (["submit", "--nodes", "0", "--", "true"], "--nodes 0 must be a whole number >= 1"),
     (["submit", "--time", "soon", "--", "true"], "--time 'soon' is not a Slurm time"),
