@@ -10,7 +10,8 @@ Why it is built this way:
   rounding), and the same world size gives bit-identical parameters under every launcher.
 - Everything a resumed run needs lives in one `TrainState`, saved atomically by rank 0. A run finds its
   checkpoint at start and continues, so a requeued job (`sbatch --requeue`, `--signal`) loses little work;
-  SIGUSR2 asks for a checkpoint at the next step boundary (with `--requeue`, rank 0 then requeues the Slurm job,
+  SIGUSR2 (or the signal SLURMDIST_REQUEUE_SIGNAL names, as `slurmdist sbatch --signal` exports it) asks for a
+  checkpoint at the next step boundary (with `--requeue`, rank 0 then requeues the Slurm job,
   which resumes under the same job id, instead of running into its time limit); SIGTERM (scancel, the time
   limit, a preemption) for a checkpoint and a clean stop, at a step all ranks agree on, with exit status 143.
   A job that cannot be requeued (not a Slurm job, submitted without --requeue, out of requeues) stops the same
@@ -37,9 +38,14 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 # Slurm's warning (SIGUSR2) or a SIGTERM may come while torch imports (seconds, more as the ranks start
 # together): with no handler yet, either would end the process, saving nothing. Held until main() has its
 # handlers, which then hear them (`replay_held_signals`). As a script only: an importer has its own handlers.
+import slurmdist.requeue  # noqa: E402  # imports no torch: fast enough to come before the signals' handlers
+
+# What `#SBATCH --signal=USR2@120` sends before the time limit (USR2: NCCL has used SIGUSR1 itself); a script
+# that `slurmdist sbatch --signal PWR@90` rendered says so in SLURMDIST_REQUEUE_SIGNAL.
+CHECKPOINT_SIGNAL = slurmdist.requeue.parse_signal()
 HELD_SIGNALS: List[int] = []
 if __name__ == "__main__":
-    for held in (signal.SIGUSR2, signal.SIGTERM):
+    for held in (CHECKPOINT_SIGNAL, signal.SIGTERM):
         signal.signal(held, lambda signum, frame: HELD_SIGNALS.append(signum))
 
 import torch  # noqa: E402  # after the handlers above, on purpose
@@ -48,11 +54,8 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DistributedSampler, TensorDataset
 
 import slurmdist
-import slurmdist.requeue
 
 FEATURES, HIDDEN = 16, 32
-# What `#SBATCH --signal=USR2@120` sends before the time limit (USR2: NCCL has used SIGUSR1 itself).
-CHECKPOINT_SIGNAL = signal.SIGUSR2
 STOPPED_EXIT_STATUS = 128 + signal.SIGTERM  # what the shell reports for a process ended by SIGTERM
 NOT_REQUEUED_EXIT_STATUS = 75  # sysexits' EX_TEMPFAIL: saved but not requeued (--requeue): resubmit to resume
 

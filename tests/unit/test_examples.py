@@ -249,14 +249,20 @@ runpy.run_path(train, run_name="__main__")
 """
 
 
-@pytest.mark.parametrize("signum, status, says", [
-    (signal.SIGUSR2, 0, "step 3/3"),  # saved at the next step, then trained on
-    (signal.SIGTERM, 143, "SIGTERM: stopped at step 1"),  # saved at the first step, then stopped
+@pytest.mark.parametrize("signum, status, says, requeue_signal", [
+    (signal.SIGUSR2, 0, "step 3/3", None),  # saved at the next step, then trained on
+    (signal.SIGTERM, 143, "SIGTERM: stopped at step 1", None),  # saved at the first step, then stopped
+    # `slurmdist sbatch --signal PWR@90` exports the signal it asks Slurm for: train.py listened for USR2 only,
+    # and SIGPWR killed it.
+    (signal.SIGPWR, 0, "step 3/3", "PWR"),
 ])
-def test_a_signal_during_the_torch_import_is_held_for_the_handlers(tmp_path, signum, status, says):
+def test_a_signal_during_the_torch_import_is_held_for_the_handlers(tmp_path, signum, status, says, requeue_signal):
     # The handlers are installed in main(), after `import torch` (seconds): a warning then killed the task.
     environ = {name: value for name, value in os.environ.items()
                if not (name.startswith(LAUNCHER_PREFIXES) or name in LAUNCHER_NAMES)}
+    environ.pop("SLURMDIST_REQUEUE_SIGNAL", None)
+    if requeue_signal:
+        environ["SLURMDIST_REQUEUE_SIGNAL"] = requeue_signal
     checkpoint = tmp_path / "ckpt.pt"
     done = subprocess.run([sys.executable, "-c", SIGNAL_WHILE_TORCH_IMPORTS, str(TRAIN), str(int(signum)),
                            "--steps", "3", "--log-every", "1", "--checkpoint", str(checkpoint)],
