@@ -375,7 +375,8 @@ def render(spec: JobSpec) -> str:
         # Back to where sbatch started the script (the submit directory, or --chdir's) after them: a setup line
         # may cd elsewhere.
         lines += ["# --setup, here in the batch script; the tasks srun starts inherit what it sets up.",
-                  "job_dir=$PWD", "set +u", *spec.setup, "set -u", 'cd "$job_dir"']
+                  "slurmdist_submit_dir=$PWD", "set +u", *spec.setup, "set -u",
+                  'cd "$slurmdist_submit_dir"']
     lines += [
         # salloc without a task count sets no SLURM_NTASKS: srun then starts one task per node.
         'echo "job $SLURM_JOB_ID: $SLURM_NNODES node(s) ($SLURM_JOB_NODELIST), ${SLURM_NTASKS:-$SLURM_NNODES} '

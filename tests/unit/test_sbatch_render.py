@@ -163,9 +163,12 @@ def test_setup_lines_that_parse_together_pass(capsys, lines):
 def test_a_heredoc_in_setup_lines_ends_where_the_user_ended_it(tmp_path):
     # Indented inside a { } group, its end marker was not at the start of a line: the rendered script did
     # not parse, though each line had passed the check.
-    lines = ("cat > made.txt <<EOF", "written by setup", "EOF")
+    # A setup line that moves, or names a variable as the script's own might be named, does not move the launch
+    # out of the submit directory, where the command's relative paths point.
+    lines = ("cat > made.txt <<EOF", "written by setup", "EOF", "job_dir=/", "cd /")
     calls = run_script(render(JobSpec(command=("python", "t.py"), device="cpu", setup=lines)), tmp_path)
     assert calls and (tmp_path / "made.txt").read_text() == "written by setup\n"
+    assert (tmp_path / "calls.pwd").read_text() == f"{tmp_path}\n"
 
 
 @pytest.mark.parametrize("script", ["rendered", "shipped"])
