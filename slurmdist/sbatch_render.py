@@ -542,14 +542,16 @@ def _sbatch(args: argparse.Namespace) -> int:
     problem = setup_syntax_problem(spec.setup)
     if problem is not None:
         raise SbatchError(problem)
-    unasked = devices_not_asked_for(spec)
-    if unasked is not None:
-        print(f"slurmdist sbatch: warning: {unasked}", file=sys.stderr)
+    for warning in (devices_not_asked_for(spec), workers_without_cores(spec)):
+        if warning is not None:
+            print(f"slurmdist sbatch: warning: {warning}", file=sys.stderr)
     folder = missing_log_folder(spec.output)
     if folder is not None:
+        patterned = " (and the folders its %-patterns name, which Slurm does not create either)" \
+            if "%" in os.path.dirname(spec.output) else ""
         print(f"slurmdist sbatch: warning: the log folder {folder!r} of --output {spec.output!r} does not exist here; "
               f"Slurm writes no log at all when it is missing as the job starts. Create it first: mkdir -p "
-              f"{shlex.quote(folder)}", file=sys.stderr)
+              f"{shlex.quote(folder)}{patterned}", file=sys.stderr)
     if args.write == "":
         raise SbatchError("--write '' names no file: give a file name, or leave --write out (or give -) for stdout")
     if args.write not in (None, "-"):
@@ -565,6 +567,17 @@ def _sbatch(args: argparse.Namespace) -> int:
 
 
 _ASK_ON_SBATCH_LINE = {"gpu": "--gpus-per-node=N", "npu": "--gres=npu:N"}  # as sbatch_options() writes them
+
+
+def workers_without_cores(spec: JobSpec) -> Optional[str]:
+    """What is off when a torchrun job's one task per node, which holds all the node's workers, asks for no
+    CPUs: Slurm gives a task one CPU unless told (or the partition's default), which the workers then share."""
+    workers = validate(spec).workers_per_node or 1  # by default one per GPU, filled in there
+    if spec.launcher != "torchrun" or spec.cpus_per_task or workers < 2:
+        return None
+    return (f"--launcher torchrun without --cpus-per-task: each node's one task holds all {workers} torchrun "
+            f"workers, and Slurm gives a task 1 CPU unless told (or the partition's default), which they would "
+            f"share. Give the cores for all of them, e.g. --cpus-per-task {4 * workers} for 4 each")
 
 
 def devices_not_asked_for(spec: JobSpec) -> Optional[str]:
@@ -624,6 +637,8 @@ def missing_log_folder(output: str) -> Optional[str]:
     """The folder of an `--output` pattern when it does not exist (relative ones from here, where sbatch is
     usually run); None when it exists, there is none, or it holds a pattern (`%x/`) that only the job fills."""
     folder = os.path.dirname(output)
-    if not folder or "%" in folder or os.path.isdir(folder):
+    if "%" in folder:  # `logs/%x/...`: the job fills the rest in, but `logs` must be there already
+        folder = os.path.dirname(folder[:folder.index("%")] + "x")
+    if not folder or os.path.isdir(folder):
         return None
     return folder

@@ -339,7 +339,9 @@ def test_bad_memory_and_sbatch_options_are_refused_naming_them(capsys, args, mes
 
 
 @pytest.mark.parametrize("output, warned", [("logs/%x-%j.out", True), ("%x-%j.out", False),
-                                            ("%x/%j.out", False), ("made/%j.out", False)])
+                                            ("%x/%j.out", False), ("made/%j.out", False),
+                                            # The job fills %x in, but Slurm creates no folder: logs must exist.
+                                            ("logs/%x/%j.out", True), ("made/%x/%j.out", False)])
 def test_a_log_folder_that_does_not_exist_is_warned_about(capsys, tmp_path, monkeypatch, output, warned):
     # Slurm opens the log before the script runs: in a missing folder it writes none, and says nothing.
     monkeypatch.chdir(tmp_path)
@@ -347,9 +349,24 @@ def test_a_log_folder_that_does_not_exist_is_warned_about(capsys, tmp_path, monk
     assert cli.main(["sbatch", "--output", output, "--", "python", "train.py"]) == 0
     captured = capsys.readouterr()
     assert f"#SBATCH --output={output}\n" in captured.out
-    folder = os.path.dirname(output)
-    assert (f"the log folder '{folder}' of --output '{output}' does not exist here" in captured.err) == warned
+    assert (f"the log folder 'logs' of --output '{output}' does not exist here" in captured.err) == warned
     assert ("mkdir -p logs" in captured.err) == warned
+    assert ("and the folders its %-patterns name" in captured.err) == (warned and output.count("/") == 2)
+
+
+@pytest.mark.parametrize("options, warned", [
+    (["--launcher", "torchrun", "-G", "4"], True),  # 4 workers on the task's 1 CPU
+    (["--launcher", "torchrun", "-G", "4", "-c", "32"], False),
+    (["--launcher", "torchrun", "-G", "1"], False),  # one worker: the task's CPU is its own
+    (["-G", "4"], False),  # srun: a task per GPU, each with its own CPU
+])
+def test_torchrun_workers_without_cores_for_them_are_warned_about(capsys, options, warned):
+    assert cli.main(["sbatch", *options, "--", "train.py"] if "torchrun" in options else
+                    ["sbatch", *options, "--", "python", "train.py"]) == 0
+    err = capsys.readouterr().err
+    assert ("--launcher torchrun without --cpus-per-task: each node's one task holds all 4 torchrun workers"
+            in err) == warned, err
+    assert ("--cpus-per-task 16 for 4 each" in err) == warned
 
 
 def test_a_job_that_requeues_appends_to_its_log_and_one_that_does_not_says_so():
