@@ -114,7 +114,11 @@ class _Subcommand(_Parser):
     ) -> Tuple[argparse.Namespace, List[str]]:
         parsed, extras = super().parse_known_args(args, namespace)
         if extras:
-            self.error(f"unrecognized arguments: {' '.join(extras)}")
+            hint = ""
+            if "--sbatch" in self._option_string_actions and any(extra.startswith("-") for extra in extras):
+                hint = ("; any other sbatch option goes through --sbatch with its long name: --sbatch exclusive, "
+                        "--sbatch constraint=a100")
+            self.error(f"unrecognized arguments: {' '.join(extras)}{hint}")
         return parsed, extras
 
 

@@ -108,3 +108,16 @@ def test_timeout_without_wait_is_refused_before_submitting(capsys):
 
     assert main(["submit", "--cluster", "local", "--timeout", "60", "--", "true"]) == 2
     assert "--timeout 60 applies only with --wait" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["sbatch", "submit"])
+def test_an_sbatch_option_slurmdist_has_no_flag_for_is_told_where_it_goes(command, capsys):
+    with pytest.raises(SystemExit) as usage:
+        main([command, "--exclusive", "--", "python", "train.py"])
+    err = capsys.readouterr().err
+    assert usage.value.code == 2
+    assert ("unrecognized arguments: --exclusive; any other sbatch option goes through --sbatch with its long "
+            "name: --sbatch exclusive") in err, err
+    with pytest.raises(SystemExit):  # a command without --sbatch keeps argparse's own words
+        main(["env", "--exclusive"])
+    assert "--sbatch" not in capsys.readouterr().err
