@@ -287,7 +287,11 @@ def test_busy_master_port_is_an_error_not_a_hang():
     assert rank0.returncode != 0
     assert f"cannot listen on the rendezvous port {port}" in rank0.stderr
     assert rank1.returncode != 0  # it reached the squatter, not a store: bounded by the timeout
-    assert "RendezvousError" in rank1.stderr
+    # A socket that never answers as a store (rank 1 names it, and what to do), not a bare timeout.
+    assert re.search(rf"RendezvousError: rank 1: something listens at 127\.0\.0\.1:{port} but does not answer as a "
+                     r"rendezvous store \(world size 2, waited \d+ s\): another program holds MASTER_PORT",
+                     rank1.stderr), rank1.stderr
+    assert "set MASTER_PORT to a free port" in rank1.stderr
 
 
 GIVES_BACK = """
