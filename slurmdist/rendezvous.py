@@ -847,14 +847,15 @@ def open_meeting(
                     "job's rank 0?"
                 ) from None
             closed = first_line(exc)
-        if deadline.expired():
-            raise RendezvousError(
+        if not deadline.expired():
+            log.debug("rank %d: the store at %s closed (%s); joining again", env.rank, where, closed)
+            time.sleep(min(next(pauses), deadline.remaining()))
+        if deadline.expired():  # after the pause too: joining once more with no time left would time out,
+            raise RendezvousError(  # and blame whatever listens there for not answering
                 f"rank {env.rank} joined the rendezvous store at {where} but lost it, again and again for "
-                f"{deadline.seconds:.0f} s (world size {env.world_size}; last: {closed}): rank 0 "
+                f"{deadline.seconds:g} s (world size {env.world_size}; last: {closed}): rank 0 "
                 "keeps restarting, or another program holds MASTER_PORT"
             )
-        log.debug("rank %d: the store at %s closed (%s); joining again", env.rank, where, closed)
-        time.sleep(min(next(pauses), deadline.remaining()))
 
 
 def _slurm_master(env: DistEnv, environ: Mapping[str, str], deadline: Deadline) -> DistEnv:

@@ -632,6 +632,26 @@ def test_a_rank_at_its_own_runs_earlier_store_waits_there_past_the_owner_check()
     assert answer == [None]
 
 
+def test_a_rank_whose_store_closes_each_time_it_joins_gives_up_at_the_deadline_saying_so():
+    # Rank 0 restarting over and over (or a program serving a store in its place that says it is closing):
+    # the rank joins again and again, bounded by the init timeout, then says what it saw.
+    import torch.distributed as dist
+
+    port = free_port()
+    env, environ = slurm_step(1, 2, port, 0)
+    served = dist.TCPStore("127.0.0.1", port, None, True, timedelta(seconds=30), wait_for_workers=False)
+    base = run_prefix(env, environ, 0)
+    served.set(OWNER_KEY, base)
+    announce_closing(served, base)  # every time this rank arrives, rank 0 has just left
+    with pytest.raises(RendezvousError) as raised:
+        connect(env, Deadline(1.5), environ)
+    said = str(raised.value)
+    assert said.startswith(f"rank 1 joined the rendezvous store at 127.0.0.1:{port} but lost it, again and again "
+                           "for 1.5 s (world size 2; last: it closed before rank 0 checked in there): rank 0 keeps "
+                           "restarting, or another program holds MASTER_PORT"), said
+    del served
+
+
 def test_runs_are_told_apart_and_named():
     assert same_run("slurmdist/7/0/-/-/0", "slurmdist/7/0/-/-/3")
     assert not same_run("slurmdist/7/0/-/-/0", "slurmdist/7/1/-/-/0")
