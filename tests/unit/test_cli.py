@@ -72,6 +72,16 @@ def test_env_shell_format_gives_a_single_process_a_port():
     assert 0 < int(exported["MASTER_PORT"]) < 65536
 
 
+def test_version_prints_the_installed_distributions_version():
+    from importlib.metadata import version
+
+    import slurmdist as package
+
+    result = slurmdist("--version", environ=clean_environ())
+    assert (result.returncode, result.stdout.strip()) == (0, f"slurmdist {version('slurmdist')}"), result
+    assert package.__version__ == version("slurmdist")  # the module's own copy kept in step with pyproject's
+
+
 def test_env_json_and_text_formats():
     task = load_case("slurm/srun_N2_tpn2")[1]
     result = slurmdist("env", "--format", "json", environ=clean_environ(**task))
