@@ -906,16 +906,17 @@ def results(job: Any, timeout: float, *, poll: float = 1.0) -> List[Any]:
                        f"a Python error (killed, out of memory, os._exit){which}")
         ended = "" if state == "COMPLETED" else f"ended {state}: "  # CANCELLED, PREEMPTED, TIMEOUT say why
         log = _task_paths(job, first)[1]
+        besides = _other_errors(job, sorted((set(failed) - {first}) | set(missing)), outcomes)
         failure = command_failure(outcomes[first][1])
         if failure is not None:
             # A command's own error is in the log it wrote to; the task's traceback is slurmdist's and submitit's
             # plumbing, which only knows the status (and which submitit writes to the end of that log too).
             tail = _tail(log, skip="submitit ", until=CommandFailed.__name__)
             said = f"last lines of {log}:\n{tail}" if tail.strip() else f"(the command wrote nothing to its log {log})"
-            raise JobFailedError(f"job {job.job_id} {ended}task {first}{others}: {failure}\n{said}{srun_said}", state,
-                                 job.job_id)
+            raise JobFailedError(f"job {job.job_id} {ended}task {first}{others}: {failure}\n{said}{besides}{srun_said}",
+                                 state, job.job_id)
         raise JobFailedError(f"job {job.job_id} {ended}task {first} raised{others}:\n{outcomes[first][1]}\n(log: "
-                             f"{log}){srun_said}", state, job.job_id)
+                             f"{log}){besides}{srun_said}", state, job.job_id)
     if missing:
         stdout, stderr = _task_paths(job, missing[0])
         ended = (f"Slurm no longer knows job {job.job_id} (it ended more than MinJobAge ago, 300 s by default, and "
@@ -1018,6 +1019,36 @@ def _read_outcomes(job: Any, grace: float, since: Optional[float] = None) -> Lis
         fresh = _written_since(path, since)
         outcomes.append(tuple(pickle_load(path)) if fresh else (None, None))  # type: ignore[arg-type]
     return outcomes
+
+
+# A line that names a Python exception ("RuntimeError: ...", "[rank1]: ValueError: ...", "torch.distributed.
+# DistBackendError: ..."), as a traceback ends.
+_EXCEPTION_LINE = re.compile(r"^(?:\[rank\d+\]: )?[A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit|Failed)\b.*")
+OTHER_ERRORS_SHOWN = 8
+
+
+def _other_errors(job: Any, tasks: List[int], outcomes: List[Tuple[Any, Any]]) -> str:
+    """The error each of `tasks` ended with, one line each: which task failed first is a guess when they failed
+    within milliseconds of each other (a command's result is written only after it exited, and the others lose
+    it as a peer as it exits), so the blamed task's own error may be a peer's consequence and the cause here."""
+    lines = []
+    for task in tasks[:OTHER_ERRORS_SHOWN]:
+        outcome, value = outcomes[task]
+        if outcome == "error" and command_failure(value) is None:  # a function's traceback: its last line
+            found = (str(value).strip().splitlines() or [""])[-1]
+        else:
+            found = last_exception_line(_task_paths(job, task)[1])
+        if found:
+            lines.append(f"  task {task}: {found}")
+    more = f"\n  ... and {len(tasks) - OTHER_ERRORS_SHOWN} more" if len(tasks) > OTHER_ERRORS_SHOWN else ""
+    return "\nwhat the other tasks ended with:\n" + "\n".join(lines) + more if lines else ""
+
+
+def last_exception_line(log: Path) -> Optional[str]:
+    """The last line of a task's log that names an exception, without slurmdist's and submitit's own traceback
+    of the failed command (None without one)."""
+    text = _tail(log, lines=400, skip="submitit ", until=CommandFailed.__name__)
+    return next((line.strip() for line in reversed(text.splitlines()) if _EXCEPTION_LINE.match(line.strip())), None)
 
 
 def command_failure(traceback: str) -> Optional[str]:

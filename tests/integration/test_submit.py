@@ -673,3 +673,32 @@ def wait_for_line(path: Path, pattern: str, timeout: float = TIMEOUT) -> None:
     while not (path.exists() and re.search(pattern, path.read_text(errors="replace"))):
         assert time.monotonic() < deadline, f"{pattern!r} never appeared in {path}"
         time.sleep(0.1)
+
+
+RANK_1_RAISES = ("import time, slurmdist, torch, torch.distributed as dist\n"
+                 "env = slurmdist.init()\n"
+                 "if env.rank == 1:\n"
+                 "    time.sleep(1)\n"
+                 "    raise ValueError('rank 1 exploded')\n"
+                 "dist.all_reduce(torch.ones(1))\n")
+
+
+@pytest.mark.parametrize("where", ["local", "slurm"])
+def test_a_failed_commands_own_error_is_in_the_message_whichever_task_is_blamed(cluster, tmp_path, where):
+    # Rank 1 raises; rank 0 loses it as a peer in its all_reduce within milliseconds. Which command's result
+    # was written first is a race: the blamed task was rank 0 in most runs of a trial, and "rank 1 exploded"
+    # was nowhere in the message (rank 1's task, ended by srun, left no result).
+    from slurmdist.submit import JobFailedError, Submitter, results
+
+    script = tmp_path / "raise1.py"
+    script.write_text(RANK_1_RAISES)
+    job = Submitter(nodes=2 if where == "slurm" else 1, tasks_per_node=1 if where == "slurm" else 2, time=5,
+                    folder=tmp_path / "%j", cluster=where).submit_command([PYTHON, str(script)])
+    with pytest.raises(JobFailedError) as failed:
+        results(job, timeout=TIMEOUT)
+    said = str(failed.value)
+    blamed = re.match(r"job \S+ ended FAILED: task (\d)", said)
+    assert blamed and "ValueError: rank 1 exploded" in said, said
+    if blamed.group(1) == "0":  # rank 1's error, named beside the blamed one (torch prefixes it with [rank1])
+        assert re.search(r"what the other tasks ended with:\n  task 1: (\[rank1\]: )?ValueError: rank 1 exploded",
+                         said), said

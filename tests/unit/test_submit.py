@@ -784,6 +784,10 @@ def test_a_task_that_died_without_a_result_is_named_with_what_srun_said(tmp_path
     job = ended_failed(tmp_path, monkeypatch, "srun: error: node1: task 1: Exited with exit code 3\n"
                                               "srun: error: node1: task 0: Terminated\n")
     job.task(1).paths.result_pickle.unlink()
+    # Its own error is in its log (a command's, or one ended before it could write a result): shown beside the
+    # blamed task's, since which of the tasks failed first is a guess when they fail milliseconds apart.
+    job.task(1).paths.stderr.write_text("Traceback (most recent call last):\n  File \"t.py\", line 5\n"
+                                        "ValueError: rank 1 exploded\nsubmitit WARNING bypassing SIGTERM\n")
     monkeypatch.setattr(submit, "run_start", lambda job_id, **_: None)  # unknown: every file counts
     with pytest.raises(submit.JobFailedError) as failed:
         submit.results(job, timeout=30, poll=0.05)
@@ -792,7 +796,9 @@ def test_a_task_that_died_without_a_result_is_named_with_what_srun_said(tmp_path
                            "result: ended after that failure, or died before it without a Python error (killed, out "
                            "of memory, os._exit): srun's lines at the end say which:\nRuntimeError: task 0 lost a "
                            "peer\n"), said
-    assert said.endswith("_log.err)\nsrun said:\nsrun: error: node1: task 1: Exited with exit code 3\nsrun: error: "
+    assert said.endswith("_log.err)\nwhat the other tasks ended with:\n  task 1: ValueError: rank 1 exploded\n"
+                         "  task 2: RuntimeError: task 2 lost a peer\n  task 3: RuntimeError: task 3 lost a peer\n"
+                         "srun said:\nsrun: error: node1: task 1: Exited with exit code 3\nsrun: error: "
                          "node1: task 0: Terminated"), said
 
 
