@@ -1034,6 +1034,7 @@ def _other_errors(job: Any, tasks: List[int], outcomes: List[Tuple[Any, Any]]) -
     lines = []
     for task in tasks[:OTHER_ERRORS_SHOWN]:
         outcome, value = outcomes[task]
+        found: Optional[str]
         if outcome == "error" and command_failure(value) is None:  # a function's traceback: its last line
             found = (str(value).strip().splitlines() or [""])[-1]
         else:
