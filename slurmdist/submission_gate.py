@@ -10,8 +10,9 @@ through the gate of the thread that submits (`through_gate`); the submitter clos
 from __future__ import annotations
 
 import functools
+import shutil
 import threading
-from typing import Callable, Optional, TypeVar
+from typing import Any, Callable, List, Optional, TypeVar
 
 T = TypeVar("T")
 
@@ -67,4 +68,17 @@ def gated_slurm_executor() -> type:
         def _submit_command(self, command: str) -> object:
             return through_gate(lambda: super(GatedSlurmExecutor, self)._submit_command(command))
 
+        def _make_submission_command(self, submission_file_path: Any) -> List[str]:
+            return in_a_session_of_its_own(super()._make_submission_command(submission_file_path))
+
     return GatedSlurmExecutor
+
+
+def in_a_session_of_its_own(command: List[str]) -> List[str]:
+    """`command` run by setsid(1), where there is one: out of the terminal's foreground process group, which a
+    Ctrl-C signals whole. sbatch killed halfway through its request may have queued the job already, which
+    then fails (submitit had not made its folder yet) with nothing left to cancel it; left to run, it answers,
+    and the submission cancels the job it queued. setsid execs the command in place (a child of Popen leads no
+    process group, so it does not fork)."""
+    setsid = shutil.which("setsid")
+    return [setsid, *command] if setsid else command

@@ -3,6 +3,7 @@ sbatch script (through submitit's own renderer), states, and the cheap import.""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shlex
@@ -536,6 +537,33 @@ def test_ctrl_c_while_submitting_cancels_the_job_the_submission_queued(tmp_path,
     threading.Timer(0.3, _thread.interrupt_main).start()
     with pytest.raises(KeyboardInterrupt, match="job 42 was queued meanwhile and is cancelled now"):
         submit.Submitter(cluster="slurm", folder=tmp_path / "%j").submit(print)
+    assert wait_for_file(bin_dir / "scancelled").split() == ["42"]
+
+
+SUBMIT_THEN_SAY = """
+import sys
+from slurmdist.submit import Submitter
+try:
+    Submitter(cluster="slurm", folder=sys.argv[1]).submit(print)
+except KeyboardInterrupt as interrupted:
+    print(interrupted)
+"""
+
+
+def test_a_terminals_ctrl_c_while_submitting_does_not_reach_sbatch(tmp_path, monkeypatch):
+    # A terminal's Ctrl-C signals its whole foreground process group: sbatch too, which died halfway through
+    # its request; the job it had queued then failed (its folder was never made), and nothing cancelled it.
+    bin_dir = fake_submitting_tools(tmp_path, monkeypatch, 'sleep 1; echo "Submitted batch job 42"')
+    submitting = subprocess.Popen([sys.executable, "-c", SUBMIT_THEN_SAY, str(tmp_path / "%j")],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        time.sleep(0.5)  # sbatch is running
+        os.killpg(submitting.pid, signal.SIGINT)  # the group a terminal's Ctrl-C reaches
+        out, err = submitting.communicate(timeout=60)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(submitting.pid, signal.SIGKILL)
+    assert "job 42 was queued meanwhile and is cancelled now" in out, out + err
     assert wait_for_file(bin_dir / "scancelled").split() == ["42"]
 
 
