@@ -63,8 +63,8 @@ COMPLETED_RESULT_GRACE = 30.0
 # A result file older than the current run's start (minus this, for clocks that differ a little) was written
 # by the run before a requeue.
 CLOCK_SLACK = 1.0
-# Less than the least time between a run's end and its requeued run's start: Slurm holds a requeued job until
-# the old job credential expires (AuthInfo cred_expire, 120 s by default).
+# At most half the least time between a run's end and its requeued run's start: Slurm holds a requeued job
+# until the old job credential expires (AuthInfo cred_expire, 120 s by default; `run_gap` reads the site's).
 RUN_GAP = 60.0
 RUN_STARTS = "slurmdist: a run of job"  # the line each run writes first to the batch log (`environment_lines`)
 
@@ -887,7 +887,7 @@ def results(job: Any, timeout: float, *, poll: float = 1.0) -> List[Any]:
         # clock a little behind slurmctld's does not make this run's files look older. After COMPLETED every
         # task wrote its result in this run: no filter, whatever the clocks say.
         started = None if is_local(job) or state == "COMPLETED" else run_start(job.job_id)
-        since = None if started is None else started - RUN_GAP
+        since = None if started is None else started - run_gap()
         outcomes = _read_outcomes(job, grace=result_grace(job, state), since=since)
     failed = [task for task, (outcome, _) in enumerate(outcomes) if outcome == "error"]
     missing = [task for task, (outcome, _) in enumerate(outcomes) if outcome is None]
@@ -993,6 +993,16 @@ def run_start(job_id: str, environ: Optional[Mapping[str, str]] = None,
         if started is not None:
             return started
     return None
+
+
+def run_gap(environ: Optional[Mapping[str, str]] = None, timeout: float = SLURM_CALL_TIMEOUT) -> float:
+    """How long before a run's start a file may have been written and still be this run's: half the least gap
+    between runs (cred_expire + 1 s, from `scontrol show config`), at most RUN_GAP. A site that lowered
+    cred_expire below 2 x RUN_GAP (this project's local cluster: 10 s) requeues sooner, and the run before's
+    results would otherwise pass for this run's."""
+    proc = _slurm_call(["scontrol", "show", "config"], environ, time.monotonic() + timeout)
+    found = re.search(r"\bcred_expire=(\d+)", proc.stdout) if proc is not None and proc.returncode == 0 else None
+    return RUN_GAP if found is None else min(RUN_GAP, (int(found[1]) + 1) / 2)
 
 
 def parse_start(output: str) -> Optional[float]:

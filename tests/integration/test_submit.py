@@ -702,3 +702,10 @@ def test_a_failed_commands_own_error_is_in_the_message_whichever_task_is_blamed(
     if blamed.group(1) == "0":  # rank 1's error, named beside the blamed one (torch prefixes it with [rank1])
         assert re.search(r"what the other tasks ended with:\n  task 1: (\[rank1\]: )?ValueError: rank 1 exploded",
                          said), said
+
+
+def test_the_gap_between_runs_is_read_from_the_real_slurmctld(cluster):
+    # The local cluster sets cred_expire=10 (requeued runs start 11 s after the run before ended).
+    from slurmdist.submit import run_gap
+
+    assert run_gap() == 5.5

@@ -846,11 +846,32 @@ def test_results_of_a_requeued_job_leave_out_the_files_its_run_before_wrote(tmp_
         os.utime(job.task(task).paths.result_pickle, (old, old))
     job.task(1).paths.result_pickle.write_bytes(pickle.dumps(("error", "RendezvousError: rank 2 never arrived")))
     monkeypatch.setattr(submit, "run_start", lambda job_id, **_: old + 300)  # files before start - RUN_GAP: stale
+    monkeypatch.setattr(submit, "run_gap", lambda: submit.RUN_GAP)  # not this machine's scontrol
     with pytest.raises(submit.JobFailedError) as failed:
         submit.results(job, timeout=30, poll=0.05)
     said = str(failed.value)
     assert said.startswith("job 42 ended FAILED: task 1 raised; task(s) [0, 2, 3] left no result"), said
     assert ":\nRendezvousError: rank 2 never arrived\n" in said and said.endswith("\nsrun said:\nsrun: error: node2: task 2: Killed")
+
+
+@pytest.mark.parametrize("config, gap", [
+    ("AuthInfo                = cred_expire=10,socket=/run/munge.socket", 5.5),  # requeued 11 s after: half
+    ("AuthInfo                = cred_expire=600", 60.0),  # capped: clocks a minute apart still agree
+    ("AuthInfo                = (null)", 60.0),  # Slurm's default 120 s
+])
+def test_the_gap_between_runs_follows_the_sites_credential_lifetime(tmp_path, monkeypatch, config, gap):
+    # A requeued run starts cred_expire + 1 s after the run before ended: with cred_expire=10 the fixed 60 s
+    # let the run before's result files pass for this run's, and blame the wrong task (a user trial).
+    import slurmdist.submit as submit
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scontrol").write_text(f"#!/bin/sh\necho 'ClusterName = local'\necho '{config}'\n")
+    (bin_dir / "scontrol").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    assert submit.run_gap() == gap
+    (bin_dir / "scontrol").write_text("#!/bin/sh\nexit 1\n")  # slurmctld unreachable: the default
+    assert submit.run_gap() == submit.RUN_GAP
 
 
 def test_run_start_asks_for_a_job_that_ended_too_then_accounting(tmp_path, monkeypatch):
