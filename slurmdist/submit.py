@@ -102,6 +102,7 @@ MANAGED_OPTIONS = {
     "ntasks": "nodes=N with gpus_per_node=G (one task per GPU) or tasks_per_node=T: the task count is their product",
     "ntasks-per-node": "gpus_per_node=G (one task per GPU) or, without GPUs, tasks_per_node=T",
     "gpus-per-node": "gpus_per_node=G",
+    "gpus": "gpus_per_node=G (sbatch's --gpus is the job's total across its nodes, and clashes with it)",
     "cpus-per-task": "cpus_per_task=C",
     "time": "time=MINUTES (or 'HH:MM:SS', 'D-HH:MM:SS')",
     "partition": "partition=NAME",
