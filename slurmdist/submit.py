@@ -918,7 +918,8 @@ def results(job: Any, timeout: float, *, poll: float = 1.0) -> List[Any]:
             # plumbing, which only knows the status (and which submitit writes to the end of that log too).
             tail = _tail(log, skip="submitit ", until=CommandFailed.__name__)
             said = f"last lines of {log}:\n{tail}" if tail.strip() else f"(the command wrote nothing to its log {log})"
-            raise JobFailedError(f"job {job.job_id} {ended}task {first}{others}: {failure}\n{said}{besides}{srun_said}",
+            # The others after the failure: between the task and its cause, it read as theirs.
+            raise JobFailedError(f"job {job.job_id} {ended}task {first}: {failure}{others}\n{said}{besides}{srun_said}",
                                  state, job.job_id)
         raise JobFailedError(f"job {job.job_id} {ended}task {first} raised{others}:\n{outcomes[first][1]}\n(log: "
                              f"{log}){besides}{srun_said}", state, job.job_id)

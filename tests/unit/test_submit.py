@@ -832,6 +832,24 @@ def test_a_task_that_died_without_a_result_is_named_with_what_srun_said(tmp_path
                          "node1: task 0: Terminated"), said
 
 
+def test_a_failed_commands_status_comes_right_after_its_task(tmp_path, monkeypatch):
+    # "task 1; task(s) [0] left no result: ... say which: command exited with status 3": the status read as
+    # task 0's.
+    import pickle
+
+    import slurmdist.submit as submit
+
+    job = ended_failed(tmp_path, monkeypatch, "srun: error: node1: task 1: Exited with exit code 3\n", tasks=2)
+    job.task(0).paths.result_pickle.unlink()
+    job.task(1).paths.result_pickle.write_bytes(pickle.dumps(
+        ("error", "Traceback ...\nslurmdist.task_command.CommandFailed: command exited with status 3: python t.py")))
+    monkeypatch.setattr(submit, "run_start", lambda job_id, **_: None)
+    with pytest.raises(submit.JobFailedError) as failed:
+        submit.results(job, timeout=30, poll=0.05)
+    assert str(failed.value).startswith("job 42 ended FAILED: task 1: command exited with status 3: python t.py; "
+                                        "task(s) [0] left no result: "), failed.value
+
+
 def test_results_of_a_requeued_job_leave_out_the_files_its_run_before_wrote(tmp_path, monkeypatch):
     # Preempted, its ranks 1..3 raised ("they fail in their next collective") and wrote error files; requeued,
     # rank 2 was killed in the new run and rank 1 raised. The old files blamed the preemption's traceback.
