@@ -978,3 +978,15 @@ def test_with_options_copies_a_submitter_with_some_arguments_changed(tmp_path):
     assert base.resources.nodes == 2 and base.folder == tmp_path / "a"  # the original is unchanged
     with pytest.raises(SubmitError, match="nodes=0 must be a whole number >= 1"):
         base.with_options(nodes=0)
+
+
+@pytest.mark.parametrize("options, said", [
+    ({"partition": "gpu"}, "where partition='gpu' means nothing"),
+    ({"partition": "gpu", "account": "proj"}, "where partition='gpu', account='proj' mean nothing"),
+])
+def test_a_job_that_falls_back_to_this_machine_names_the_options_it_drops(tmp_path, monkeypatch, caplog, options,
+                                                                          said):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no sbatch, no srun
+    with caplog.at_level(logging.WARNING, logger="slurmdist"):
+        assert Submitter(folder=tmp_path / "%j", **options).cluster == "local"
+    assert said in caplog.text, caplog.text

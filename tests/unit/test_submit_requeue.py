@@ -147,6 +147,7 @@ def test_plan_gives_up_after_the_limit_and_outside_slurm():
     out_of_requeues = plan({"SLURM_JOB_ID": "42", "SLURM_RESTART_COUNT": "3"}, limit=3)
     assert out_of_requeues.action is Action.GIVE_UP and "already requeued 3 times" in out_of_requeues.reason
     assert plan({}, limit=3).action is Action.GIVE_UP
+    assert "already requeued 1 time (limit 1;" in plan({"SLURM_JOB_ID": "42", "SLURM_RESTART_COUNT": "1"}, limit=1).reason
 
 
 def test_plan_under_submitit_local_restarts_through_the_controller():
