@@ -319,6 +319,8 @@ class Preemption:
     def _on_terminate(self, signum: int, frame: Optional[FrameType]) -> None:
         if self.received_at is None:
             self.received_at = time.monotonic()
+        if self.ending:  # a preemption's SIGTERM can come twice (from slurmstepd, and passed on by srun)
+            return
         self.ending = True
         log.warning("slurmdist: rank %d got SIGTERM (preemption, scancel, the time limit, or srun ending the step "
                     "because another task failed: see its error above): checkpoint at the next step boundary; Slurm "

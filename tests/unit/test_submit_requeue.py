@@ -213,6 +213,8 @@ def test_sigterm_before_any_warning_asks_for_a_checkpoint_and_no_requeue(caplog)
         assert ending.requested and ending.ending
         # srun --kill-on-bad-exit sends it too, when another task failed: the warning must not blame Slurm alone.
         assert "rank 3 got SIGTERM" in caplog.text and "because another task failed" in caplog.text
+        os.kill(os.getpid(), signal.SIGTERM)  # a preemption's second one (slurmstepd's, then srun's): said once
+        assert caplog.text.count("rank 3 got SIGTERM") == 1 and ending.ending
         # Other ranks go on until Slurm ends them: this one may have got its SIGTERM before rank 0 saved.
         ending.requeue(environ={"SLURM_JOB_ID": "1"})
     finally:
