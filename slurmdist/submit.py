@@ -222,6 +222,9 @@ class Resources:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, str) or not value or any(c in value for c in "\n\r\0")):
                 raise SubmitError(f"{name}={value!r} must be one non-empty line of text (it becomes an #SBATCH line)")
+            if value is not None and "\\" in value:  # sbatch unquotes #SBATCH lines: 'a\b' became 'ab'
+                raise SubmitError(f"{name}={value!r}: sbatch reads a backslash in an #SBATCH line as an escape and "
+                                  "drops it; leave it out")
         if isinstance(self.setup, str):
             raise SubmitError("setup must be a list of shell lines, not one string")
         self._check_signal_delay(parse_time(self.time))

@@ -110,6 +110,7 @@ def test_a_signal_sbatch_knows_by_number_only_is_given_as_its_number():
     ({"sbatch": {"output": "x"}}, "set by slurmdist; instead use folder=DIR"),
     ({"sbatch": {"ntasks_per_node": 3}}, r"set by slurmdist; instead use gpus_per_node=G \(one task per GPU\) or"),
     ({"sbatch": {"job-name": "x"}}, "'job-name' is set by slurmdist; instead use name=NAME"),
+    ({"name": "a\\b"}, r"name='a\\\\b': sbatch reads a backslash in an #SBATCH line as an escape and drops it"),
     ({"sbatch": {"gpus": 2}}, r"'gpus' is set by slurmdist; instead use gpus_per_node=G \(sbatch's --gpus is the "
                               r"job's total"),  # sbatch: "Failed to ensure --gpus >= --gres=gpu/--gpus-per-node"
     ({"sbatch": {"part": "x"}}, r"'part' is set by slurmdist \(sbatch reads it as --partition\); instead use partition="),
