@@ -136,9 +136,11 @@ def test_a_setup_value_must_be_one_shell_line(line):
                                                  r"never close.*launch included.*'EOF' alone, not indented"),
     (["module load x \\"], r"the last --setup line 'module load x \\\\' ends in a backslash"),
 ])
-def test_setup_lines_that_are_not_shell_are_refused_before_the_job_exists(capsys, command, setup, message):
+def test_setup_lines_that_are_not_shell_are_refused_before_the_job_exists(capsys, tmp_path, monkeypatch, command,
+                                                                         setup, message):
     # Rendered, such a script exited 0 and `bash -n` then blamed a line of the script the setup broke; submitted,
     # the job failed only after its wait in the queue.
+    monkeypatch.chdir(tmp_path)  # a local job the check let through writes its folder and files here
     args = [word for line in setup for word in ("--setup", line)]
     assert cli.main([command, *args, "--device" if command == "sbatch" else "--cluster",
                      "cpu" if command == "sbatch" else "local", "--", "python", "train.py"]) == 2
