@@ -67,7 +67,9 @@ def controller_environment(parameters: Mapping[str, Any], command: str, environ:
 def wrapper_script(setup: Sequence[str]) -> str:
     """The bash script: output to the logs, the setup lines one after another (as in a batch script, a failed
     line does not stop the next), then `exec` of the controller given as the script's arguments."""
-    return WRAPPER + "".join(f"{line}\n" for line in setup) + 'exec "${slurmdist_controller[@]}"\n'
+    # An empty line after them, as in the job scripts (sbatch_render.ENDS_THE_SETUP): a last line that ends in a
+    # backslash would otherwise join the exec to its command.
+    return WRAPPER + "".join(f"{line}\n" for line in setup) + '\nexec "${slurmdist_controller[@]}"\n'
 
 
 def task_0_logs(folder: Path, stderr_to_stdout: bool) -> "tuple[str, str]":

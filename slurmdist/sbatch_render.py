@@ -375,7 +375,7 @@ def render(spec: JobSpec) -> str:
         # Back to where sbatch started the script (the submit directory, or --chdir's) after them: a setup line
         # may cd elsewhere.
         lines += ["# --setup, here in the batch script; the tasks srun starts inherit what it sets up.",
-                  "slurmdist_submit_dir=$PWD", "set +u", *spec.setup, "set -u",
+                  "slurmdist_submit_dir=$PWD", "set +u", *spec.setup, ENDS_THE_SETUP, "set -u",
                   'cd "$slurmdist_submit_dir"']
     lines += [
         # salloc without a task count sets no SLURM_NTASKS: srun then starts one task per node.
@@ -593,6 +593,9 @@ def devices_not_asked_for(spec: JobSpec) -> Optional[str]:
 
 
 SETUP_CHECK_TIMEOUT = 10.0  # seconds for `bash -n` over the --setup lines
+# Written after the setup lines wherever they run (the rendered script, submitit's, the local wrapper): a last
+# line that ends in a backslash would join the next line of the script to its command; it joins this one.
+ENDS_THE_SETUP = ""
 
 
 def setup_syntax_problem(setup: Sequence[str], option: str = "--setup") -> Optional[str]:
@@ -603,18 +606,15 @@ def setup_syntax_problem(setup: Sequence[str], option: str = "--setup") -> Optio
 
     if not setup:
         return None
-    last = setup[-1]
-    if (len(last) - len(last.rstrip("\\"))) % 2:  # bash -n takes it: the next line is simply missing
-        return (f"the last {option} line {last!r} ends in a backslash, which would join it to the line the job "
-                "script runs after it: drop the backslash, or finish the command on that line")
     # As the job runs them: one line after another (the rendered script, submitit's, the local wrapper). -n
     # parses without running, so a `shopt -s extglob` among them is taken as given.
     try:
         checked = commands.run(["bash", "-O", "extglob", "-n", "-c", "\n".join(setup) + "\n"],
-                               timeout=SETUP_CHECK_TIMEOUT)
+                               timeout=SETUP_CHECK_TIMEOUT, env={**os.environ, "LC_ALL": "C"})  # bash's own words
     except (OSError, subprocess.TimeoutExpired):
         return None
-    open_heredoc = re.search(r"here-document at line (\d+) delimited by end-of-file \(wanted `(.*)'\)", checked.stderr)
+    open_heredoc = re.search(r"here-document at line (\d+) delimited by end-of-file \(wanted [`'](.*)'\)",
+                             checked.stderr)
     if open_heredoc is not None:  # only a warning to bash, which then feeds it the rest of the job script
         number, marker = int(open_heredoc[1]), open_heredoc[2]
         near = f" at {option} {setup[number - 1]!r}" if 1 <= number <= len(setup) else ""

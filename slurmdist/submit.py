@@ -44,7 +44,9 @@ from .envvars import is_whole, whole_number
 from .errors import SlurmdistError
 from .requeue import (DEFAULT_SIGNAL_DELAY, RequeueError, Resumable, parse_signal, requeue_limit, signal_delay_problem,
                       slurm_name)
-from .sbatch_render import HAND_ON_CPUS_PER_TASK, OPTION_NAME, managed_option, memory_size_fault
+from .sbatch_render import (
+    ENDS_THE_SETUP, HAND_ON_CPUS_PER_TASK, OPTION_NAME, managed_option, memory_size_fault, setup_syntax_problem,
+)
 from .task_command import Command, CommandFailed
 
 log = logging.getLogger("slurmdist")
@@ -227,6 +229,10 @@ class Resources:
                                   "drops it; leave it out")
         if isinstance(self.setup, str):
             raise SubmitError("setup must be a list of shell lines, not one string")
+        problem = setup_syntax_problem(list(self.setup), option="setup") if all(
+            isinstance(line, str) for line in self.setup) else None
+        if problem is not None:  # found when the job starts, after its wait in the queue, otherwise
+            raise SubmitError(problem)
         self._check_signal_delay(parse_time(self.time))
         if self.mem is not None:
             parse_mem(self.mem)
@@ -314,7 +320,7 @@ def slurm_parameters(resources: Resources) -> Dict[str, Any]:
         "ntasks_per_node": resources.ntasks_per_node,
         "time": parse_time(resources.time),
         "signal_delay_s": resources.signal_delay,
-        "setup": [*environment_lines(resources), *resources.setup],
+        "setup": [*environment_lines(resources), *resources.setup, *([ENDS_THE_SETUP] if resources.setup else [])],
         "additional_parameters": extra,
         # One failed rank ends the step: the others would otherwise wait in a collective until its timeout.
         "srun_args": ["--kill-on-bad-exit=1"],

@@ -622,6 +622,16 @@ def test_cpus_per_task_reaches_srun_through_the_batch_script():
 def test_local_jobs_hand_their_setup_lines_to_the_controllers_wrapper():
     assert local_parameters(Resources())["setup"] == []
     assert local_parameters(Resources(setup=["module load cuda"]))["setup"] == ["module load cuda"]
+    # On Slurm an empty line follows them in submitit's batch script: a last line ending in a backslash joins
+    # it, not the srun line.
+    assert slurm_parameters(Resources(setup=["module load cuda \\"]))["setup"][-2:] == ["module load cuda \\", ""]
+    assert slurm_parameters(Resources())["setup"][-1] != ""
+
+
+def test_python_setup_lines_that_are_not_shell_are_refused_before_anything_is_queued():
+    with pytest.raises(SubmitError, match=r"the setup lines open a heredoc at setup 'cat > cfg.txt <<EOF' that they "
+                                          r"never close"):
+        Resources(setup=["cat > cfg.txt <<EOF", "lr: 0.1", " EOF"])
 
 
 def test_a_local_jobs_wrapper_runs_setup_as_a_batch_script_then_becomes_the_controller(tmp_path):
@@ -636,7 +646,8 @@ def test_a_local_jobs_wrapper_runs_setup_as_a_batch_script_then_becomes_the_cont
     controller = [sys.executable, "-c", "import os, sys; print('controller', os.getpid(), os.environ['FOO'], "
                   "sys.argv[1])", str(tmp_path / "logs" / "%j")]
     wrapper = subprocess.Popen(
-        [require("bash"), "-c", wrapper_script(["source act.sh", "no-such-module-command cuda/12.1"]), "job",
+        # The last line ends in a backslash: it must not take the exec in (the job would never start).
+        [require("bash"), "-c", wrapper_script(["source act.sh", "no-such-module-command cuda/12.1 \\"]), "job",
          *controller],
         cwd=tmp_path, env={"PATH": os.environ["PATH"], "SLURMDIST_LOCAL_OUT": out, "SLURMDIST_LOCAL_ERR": err},
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
