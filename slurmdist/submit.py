@@ -69,6 +69,7 @@ CLOCK_SLACK = 1.0
 # until the old job credential expires (AuthInfo cred_expire, 120 s by default; `run_gap` reads the site's).
 RUN_GAP = 60.0
 RUN_STARTS = "slurmdist: a run of job"  # the line each run writes first to the batch log (`environment_lines`)
+RUN_STARTS_IN_TASK_LOGS = "Starting with JobEnvironment("  # what submitit logs as each run of a task starts
 
 # Variables that describe the launch the submitting process itself runs in (a notebook inside a Slurm job,
 # under torchrun or mpirun). sbatch passes the whole environment on, so every task of the new job would read
@@ -1073,7 +1074,7 @@ def _other_errors(job: Any, tasks: List[int], outcomes: List[Tuple[Any, Any]]) -
 def last_exception_line(log: Path) -> Optional[str]:
     """The last line of a task's log that names an exception, without slurmdist's and submitit's own traceback
     of the failed command (None without one)."""
-    text = _tail(log, lines=400, skip="submitit ", until=CommandFailed.__name__)
+    text = _tail(log, lines=400, skip="submitit ", until=CommandFailed.__name__, after=RUN_STARTS_IN_TASK_LOGS)
     return next((line.strip() for line in reversed(text.splitlines()) if _EXCEPTION_LINE.match(line.strip())), None)
 
 
@@ -1085,16 +1086,20 @@ def command_failure(traceback: str) -> Optional[str]:
     return said if found else None
 
 
-def _tail(path: Path, lines: int = 20, skip: Optional[str] = None, until: Optional[str] = None) -> str:
-    """The last `lines` lines of a log (read from its last 64 KiB: logs grow large), without those that start
-    with `skip`, and without the last traceback when it names `until` (the task's own, after the command's
-    output, which would crowd it out)."""
+def _tail(path: Path, lines: int = 20, skip: Optional[str] = None, until: Optional[str] = None,
+          after: Optional[str] = None) -> str:
+    """The last `lines` lines of a log (read from its last 64 KiB: logs grow large), from the last line that
+    holds `after` on (a requeued job's log holds its runs before too), without those that start with `skip`,
+    and without the last traceback when it names `until` (the task's own, after the command's output, which
+    would crowd it out)."""
     try:
         with open(path, "rb") as log:
             log.seek(max(0, log.seek(0, os.SEEK_END) - 65536))
             text = log.read().decode(errors="replace").splitlines()
     except OSError:
         return "(no log file)"
+    if after is not None:
+        text = text[next((i for i in reversed(range(len(text))) if after in text[i]), 0):]
     starts = [i for i, line in enumerate(text) if line.startswith("Traceback (most recent call last):")]
     if until is not None and starts and any(until in line for line in text[starts[-1]:]):
         text = text[:starts[-1]]

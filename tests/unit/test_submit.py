@@ -879,9 +879,14 @@ def test_results_of_a_requeued_job_leave_out_the_files_its_run_before_wrote(tmp_
     job.task(1).paths.result_pickle.write_bytes(pickle.dumps(("error", "RendezvousError: rank 2 never arrived")))
     monkeypatch.setattr(submit, "run_start", lambda job_id, **_: old + 300)  # files before start - RUN_GAP: stale
     monkeypatch.setattr(submit, "run_gap", lambda: submit.RUN_GAP)  # not this machine's scontrol
+    # Each task's log holds every run (appended): only this run's part says what the task ended with.
+    started = "submitit INFO (2026-11-29 23:00:00,000) - Starting with JobEnvironment(job_id=42, ...)\n"
+    job.task(2).paths.stderr.write_text(f"{started}RuntimeError: from the run before\n{started}")  # killed: none
+    job.task(3).paths.stderr.write_text(f"{started}RuntimeError: from the run before\n{started}ValueError: this run's\n")
     with pytest.raises(submit.JobFailedError) as failed:
         submit.results(job, timeout=30, poll=0.05)
     said = str(failed.value)
+    assert "\n  task 3: ValueError: this run's\n" in said and "from the run before" not in said, said
     assert said.startswith("job 42 ended FAILED: task 1 raised; task(s) [0, 2, 3] left no result"), said
     assert ":\nRendezvousError: rank 2 never arrived\n" in said and said.endswith("\nsrun said:\nsrun: error: node2: task 2: Killed")
 
