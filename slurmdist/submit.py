@@ -396,10 +396,17 @@ class Submitter:
         if python is not None and (not isinstance(python, str) or not python.strip()):
             raise SubmitError(f"python={python!r} must be the interpreter command the job runs, such as "
                               "'/path/to/venv/bin/python' (None: this process's interpreter)")
-        if python is not None and self.cluster == "local" and shutil.which(python.split()[0]) is None:
-            # On this machine, so checked here (a Slurm job's nodes may keep it elsewhere: not checked then).
-            raise SubmitError(f"python={python!r}: no such command on this machine, where a local job runs it; give "
-                              "the path of an interpreter with torch and slurmdist (None: this process's own)")
+        if python is not None and self.cluster == "local":
+            # On this machine, so checked here (a Slurm job's nodes may keep it elsewhere: not checked then). The
+            # local controller splits it as a shell would.
+            try:
+                program = shlex.split(python)[0]
+            except ValueError as error:  # an unclosed quote
+                raise SubmitError(f"python={python!r} is not a command line: {error}") from None
+            if shutil.which(program) is None:
+                raise SubmitError(f"python={python!r}: no such command on this machine, where a local job runs it; "
+                                  "give the path of an interpreter with torch and slurmdist (None: this process's "
+                                  "own)")
         self.folder = job_folder(folder)
         self.python = python
         self._executor: Any = None

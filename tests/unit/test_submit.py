@@ -959,6 +959,7 @@ def test_a_submission_that_could_only_fail_in_the_job_is_refused_before_anything
 @pytest.mark.parametrize("arguments, message", [
     ({"python": 3}, "python=3 must be the interpreter command"),
     ({"python": " "}, "python=' ' must be the interpreter command"),
+    ({"python": "'/usr/bin/python3"}, r"python=\"'/usr/bin/python3\" is not a command line: No closing quotation"),
     ({"python": "/nonexistent/python"}, r"python='/nonexistent/python': no such command on this machine, where a "
                                         r"local job runs it"),  # the job failed at execve
     ({"sbatch": "constraint=a100"}, "sbatch='constraint=a100' must be a mapping"),
@@ -967,6 +968,7 @@ def test_submitter_arguments_of_the_wrong_kind_are_named(arguments, message):
     with pytest.raises(SubmitError, match=message):
         Submitter(cluster="local", **arguments)
     assert Submitter(cluster="local", python=f"{sys.executable} -X faulthandler").python  # a command with options
+    assert Submitter(cluster="local", python=f"'{sys.executable}' -X faulthandler").python  # quoted, as shlex.quote
 
 
 def test_a_slurm_jobs_interpreter_is_left_to_its_nodes(tmp_path, monkeypatch):
