@@ -79,6 +79,7 @@ def in_a_session_of_its_own(command: List[str]) -> List[str]:
     Ctrl-C signals whole. sbatch killed halfway through its request may have queued the job already, which
     then fails (submitit had not made its folder yet) with nothing left to cancel it; left to run, it answers,
     and the submission cancels the job it queued. setsid execs the command in place (a child of Popen leads no
-    process group, so it does not fork)."""
+    process group, so it does not fork). A `map_array` of several jobs goes through a plain SlurmExecutor that
+    submitit makes itself, which this does not reach."""
     setsid = shutil.which("setsid")
     return [setsid, *command] if setsid else command
