@@ -22,6 +22,7 @@ VISIBILITY_VARIABLES = {
     "npu": ("ASCEND_RT_VISIBLE_DEVICES",),
 }
 SHARE_VARIABLE = "SLURMDIST_SHARE_DEVICES"
+SLURM_SETS = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")  # in each task of a step with GPUs
 TRUE_WORDS = ("1", "true", "yes", "on")
 # `--gpus-per-task=N` as each kind of process sees it: sbatch/salloc export SLURM_GPUS_PER_TASK ("2",
 # "a100:2"); srun does not, but slurmd hands every task the step's binding (SLURMD_TRES_BIND
@@ -190,9 +191,10 @@ def _expanded_in_the_batch_step(device_type: str, local_rank: int, variable: str
                                 environ: Mapping[str, str]) -> BackendError:
     kind = "NPU" if device_type == "npu" else "GPU"
     slurm_way = "" if device_type == "npu" else "; or let Slurm give each task its own: srun --gpus-per-task=1"
-    # Slurm overwrites CUDA_VISIBLE_DEVICES in every task of a step with GPUs, so an export in the batch script
-    # cannot narrow GPUs (checked on the local cluster); it does narrow NPUs, for which Slurm sets nothing.
-    written = "an export, or inside" if device_type == "npu" else "inside"
+    # Slurm sets CUDA_VISIBLE_DEVICES (and ROCR_VISIBLE_DEVICES) anew in every task of a step with GPUs, so an
+    # export of those in the batch script narrows nothing (checked on the local cluster); HIP's, and NPUs',
+    # for which Slurm sets nothing, it does.
+    written = "inside" if variable in SLURM_SETS else "an export, or inside"
     return BackendError(
         f"local rank {local_rank} sees only {kind} 0 ({visibility(device_type, environ)}), which is what "
         f"`{variable}=$SLURM_LOCALID` written in the batch script ({written} srun bash -c \"...\" in "

@@ -332,6 +332,12 @@ def test_cuda_visible_devices_expanded_once_in_the_batch_step_is_refused_above_l
                                                r"single quotes.*--gpus-per-task=1") as refused:
             ordinal(stacked, 1)
         assert "an export" not in str(refused.value)
+        # HIP_VISIBLE_DEVICES, which Slurm never sets: an export in the batch script is a cause there.
+        hip = {**task, "HIP_VISIBLE_DEVICES": "0"}
+        hip.pop("CUDA_VISIBLE_DEVICES", None)
+        with pytest.raises(BackendError, match=r"`HIP_VISIBLE_DEVICES=\$SLURM_LOCALID` written in the batch script "
+                                               r"\(an export, or inside srun bash"):
+            ordinal(hip, 1)
         assert ordinal({**stacked, "SLURMDIST_SHARE_DEVICES": "1"}, 1) == 0
         # Set in each task, in single quotes: its own GPU, ordinal 0.
         assert ordinal({**task, "CUDA_VISIBLE_DEVICES": task["SLURM_LOCALID"]}, 1) == 0
