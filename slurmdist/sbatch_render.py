@@ -122,6 +122,11 @@ def validate(spec: JobSpec) -> JobSpec:
     _check_mem(spec.mem)
     for name, value in spec.extra:
         _check_extra(name, value)
+    job_wide = [value for name, value in spec.extra if name.replace("_", "-") == "gpus"]
+    if job_wide and spec.gpus_per_node and spec.device == "gpu":
+        raise SbatchError(f"--sbatch gpus={job_wide[0]} beside -G {spec.gpus_per_node}: sbatch's --gpus is the job's "
+                          "total and clashes with the --gpus-per-node the script writes ('Failed to ensure --gpus >= "
+                          "--gres=gpu/--gpus-per-node'): give the GPUs once, with -G (per node)")
     if _npu_gres(spec) and any(re.match(r"npu(:|$)", item) for item in _extra_gres(spec)):
         raise SbatchError(f"--sbatch gres={','.join(_extra_gres(spec))} asks for NPUs again beside -G "
                           f"{spec.gpus_per_node} --device npu, which the script writes as --gres=npu:"

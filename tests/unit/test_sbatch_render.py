@@ -449,6 +449,9 @@ def test_npu_jobs_ask_for_other_generic_resources_on_the_same_gres_line():
         "#SBATCH --gres=npu:2,gpu:1,tmp:10", "#SBATCH --gres-flags=enforce-binding"]
     with pytest.raises(SbatchError, match=r"--sbatch gres=npu:4 asks for NPUs again beside -G 2 --device npu.*once"):
         render(JobSpec(command=("python", "t.py"), gpus_per_node=2, device="npu", extra=(("gres", "npu:4"),)))
+    with pytest.raises(SbatchError, match=r"--sbatch gpus=8 beside -G 2: sbatch's --gpus is the job's total"):
+        render(JobSpec(command=("python", "t.py"), gpus_per_node=2, extra=(("gpus", "8"),)))
+    assert "#SBATCH --gpus=8\n" in render(JobSpec(command=("python", "t.py"), extra=(("gpus", "8"),)))  # alone: kept
     gpu = render(JobSpec(command=("python", "t.py"), gpus_per_node=2, extra=(("gres", "tmp:10"),)))
     assert "#SBATCH --gpus-per-node=2\n" in gpu and "#SBATCH --gres=tmp:10\n" in gpu  # two options, both kept
 
