@@ -232,7 +232,7 @@ def _or(devices: "tuple[str, ...]") -> str:
 
 def _serves(device_type: str) -> str:
     """The backend to name in advice for a device type's tensors."""
-    return {"npu": "hccl"}.get(device_type, "gloo")
+    return {"npu": "hccl", "cuda": "nccl"}.get(device_type, "gloo")
 
 
 def _checked(choice: BackendChoice, caps: Capabilities, environ: Mapping[str, str],

@@ -84,6 +84,8 @@ NO_GPU = CUDA._replace(cuda_devices=0)
     # gloo and mpi move CPU and CUDA tensors, not NPU ones (torch's Backend.backend_capability).
     ("cpu:gloo,npu:gloo", NPU, None, "pairs gloo with npu tensors, but gloo moves cpu and cuda tensors only: "
                                      "pair npu with hccl"),
+    ("cpu:gloo,cuda:hccl", NPU, None, "pairs hccl with cuda tensors, but hccl moves npu tensors only: pair cuda "
+                                      "with nccl"),
 ])
 def test_a_per_device_backend_must_serve_the_device_in_use(backend, caps, device, says):
     with pytest.raises(BackendError, match=says):
