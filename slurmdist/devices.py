@@ -98,8 +98,8 @@ def _bound_closest(environ: Mapping[str, str]) -> bool:
     """An explicit `--gpu-bind=closest`, which replaces the per-task binding `--gpus-per-task=N` implies (srun's
     manual): each task sees its socket's GPUs, so tasks of one socket see the same N and are not narrowed to
     their own, however many they asked for."""
-    bind = environ.get("SLURMD_TRES_BIND", "")
-    return "gpu" in bind and "closest" in bind
+    clauses = environ.get("SLURMD_TRES_BIND", "").split("+")  # one per resource: gres/gpu:closest+gres/nic:...
+    return any(clause.startswith(("gres/gpu:", "gpu:")) and "closest" in clause for clause in clauses)
 
 
 FALSE_WORDS = ("", "0", "false", "no", "off")

@@ -314,9 +314,9 @@ def test_gpus_per_task_two_with_an_explicit_closest_bind_is_not_taken_as_each_ta
         with pytest.raises(BackendError, match=r"asked for --gpus-per-task=2, but an explicit --gpu-bind "
                                                r"\(SLURMD_TRES_BIND='gres/gpu:closest'\) replaced"):
             device_ordinal("cuda", local_rank, 4, 2, environ, task_is_rank=True)
-    # The implied binding (per_task:2) does leave each task its own two.
-    assert device_ordinal("cuda", 1, 4, 2, {**environ, "SLURMD_TRES_BIND": "gres/gpu:per_task:2"},
-                          task_is_rank=True) == 0
+    # The implied binding (per_task:2) does leave each task its own two, whatever another resource's says.
+    for bind in ("gres/gpu:per_task:2", "gres/gpu:per_task:2+gres/nic:closest"):
+        assert device_ordinal("cuda", 1, 4, 2, {**environ, "SLURMD_TRES_BIND": bind}, task_is_rank=True) == 0
 
 
 def test_cuda_visible_devices_expanded_once_in_the_batch_step_is_refused_above_local_rank_0(case):
