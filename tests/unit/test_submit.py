@@ -556,11 +556,12 @@ except KeyboardInterrupt as interrupted:
 def test_a_terminals_ctrl_c_while_submitting_does_not_reach_sbatch(tmp_path, monkeypatch):
     # A terminal's Ctrl-C signals its whole foreground process group: sbatch too, which died halfway through
     # its request; the job it had queued then failed (its folder was never made), and nothing cancelled it.
-    bin_dir = fake_submitting_tools(tmp_path, monkeypatch, 'sleep 1; echo "Submitted batch job 42"')
+    bin_dir = fake_submitting_tools(tmp_path, monkeypatch, 'touch "$(dirname "$0")/started"; sleep 1; '
+                                                           'echo "Submitted batch job 42"')
     submitting = subprocess.Popen([sys.executable, "-c", SUBMIT_THEN_SAY, str(tmp_path / "%j")],
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        time.sleep(0.5)  # sbatch is running
+        wait_for_file(bin_dir / "started")  # sbatch is running
         os.killpg(submitting.pid, signal.SIGINT)  # the group a terminal's Ctrl-C reaches
         out, err = submitting.communicate(timeout=60)
     finally:
