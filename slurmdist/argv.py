@@ -10,9 +10,11 @@ from .errors import SlurmdistError
 
 
 def command_words(words: Sequence[str], who: str, usage: str,
-                  error: Callable[[str], SlurmdistError] = SlurmdistError) -> List[str]:
+                  error: Callable[[str], SlurmdistError] = SlurmdistError, program_first: bool = True) -> List[str]:
     """`words` without a leading `--`. Refused when there is no command, or when its name is empty: an unset
-    or empty "$PYTHON" in a job script would otherwise fail far away (execve's error, a job that dies at start)."""
+    or empty "$PYTHON" in a job script would otherwise fail far away (execve's error, a job that dies at start).
+    `program_first`: also when it starts with an option (`-m pkg`), which the task would try to exec (where a
+    launcher takes options there, torchrun's `-m`, the caller checks instead)."""
     command = list(words)
     if command and command[0] == "--":
         command = command[1:]
@@ -21,6 +23,9 @@ def command_words(words: Sequence[str], who: str, usage: str,
     if not command[0].strip():
         raise error(f"{who} -- {shlex.join(command)}: the command's name is empty: a shell variable such as "
                     "\"$PYTHON\" that is unset or empty (in the job script, or this shell)? Give the program to run first")
+    if program_first and command[0].startswith("-"):
+        raise error(f"{who} -- {shlex.join(command)}: the command starts with an option, not a program: name the "
+                    f"program first, e.g. `-- python {shlex.join(command)}`")
     return command
 
 

@@ -98,7 +98,8 @@ def _check(option: str, value: Optional[str], pattern: "re.Pattern[str]", exampl
 
 def validate(spec: JobSpec) -> JobSpec:
     """The spec with defaults filled in, or a `SbatchError` naming the first bad option."""
-    command_words(spec.command, "slurmdist sbatch", "slurmdist sbatch [options] -- python train.py ARGS", SbatchError)
+    command_words(spec.command, "slurmdist sbatch", "slurmdist sbatch [options] -- python train.py ARGS", SbatchError,
+                  program_first=False)  # torchrun takes -m there: checked by launcher below
     if spec.launcher not in LAUNCHERS:
         raise SbatchError(f"--launcher {spec.launcher!r}: use one of {', '.join(LAUNCHERS)}")
     for line in spec.setup:
@@ -517,7 +518,7 @@ def spec_from_args(args: argparse.Namespace) -> JobSpec:
     from .submit_cli import parse_sbatch_options
 
     command = command_words(args.command, "slurmdist sbatch", "slurmdist sbatch [options] -- python train.py ARGS",
-                            SbatchError)
+                            SbatchError, program_first=False)
     return JobSpec(
         command=tuple(command),
         nodes=args.nodes,

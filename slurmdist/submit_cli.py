@@ -16,7 +16,6 @@ import argparse
 import contextlib
 import io
 import re
-import shlex
 import sys
 import time
 from pathlib import Path
@@ -133,11 +132,7 @@ def submitter_options(args: argparse.Namespace) -> Dict[str, Any]:
 
 
 def command_of(args: argparse.Namespace) -> List[str]:
-    command = command_words(args.command, "slurmdist submit", "slurmdist submit [options] -- python train.py ARGS")
-    if command[0].startswith("-"):  # each task would exec '-m' and fail, after the job's wait in the queue
-        raise SlurmdistError(f"slurmdist submit -- {shlex.join(command)}: the command starts with an option, not a "
-                             f"program: name the program first, e.g. `-- python {shlex.join(command)}`")
-    return command
+    return command_words(args.command, "slurmdist submit", "slurmdist submit [options] -- python train.py ARGS")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -949,6 +949,8 @@ def test_an_argument_that_cannot_be_pickled_is_a_submit_error_saying_so(tmp_path
     (lambda s: s.submit(3), "submit: 3 is not callable"),
     (lambda s: s.map_array(3, [1]), "map_array: 3 is not callable"),
     (lambda s: s.map_array(print, [1, 2, 3], [1]), r"different lengths \(1, 3\); zip would submit only"),
+    (lambda s: s.submit_command(["-m", "pkg"]), r"submit_command -- -m pkg: the command starts with an option, not a "
+                                                r"program: name the program first, e.g. `-- python -m pkg`"),
 ])
 def test_a_submission_that_could_only_fail_in_the_job_is_refused_before_anything_is_queued(tmp_path, call, message):
     submitter = Submitter(cluster="local", folder=tmp_path / "logs")
