@@ -173,6 +173,12 @@ def test_run_reports_a_missing_command():
     assert result.returncode == 127 and "no-such-command-xyz" in result.stderr
 
 
+def test_run_refuses_a_command_that_starts_with_an_option():
+    result = slurmdist("run", "--", "-m", "pkg", environ=clean_environ())
+    assert result.returncode == 2 and "slurmdist run -- -m pkg: the command starts with an option, not a program: " \
+        "name the program first, e.g. `-- python -m pkg`" in result.stderr, result.stderr
+
+
 def test_run_looks_up_the_command_as_exec_would_before_anything_starts(tmp_path):
     # Checked before rank 0 serves the store, so it must agree with exec: a #! interpreter that is gone (a
     # console script of a deleted venv), a directory or non-executable file of that name on PATH (exec: EACCES,
