@@ -575,11 +575,16 @@ def _sbatch(args: argparse.Namespace) -> int:
 _ASK_ON_SBATCH_LINE = {"gpu": "--gpus-per-node=N", "npu": "--gres=npu:N"}  # as sbatch_options() writes them
 
 
+_ASK_FOR_CORES = ("cpus-per-gpu", "exclusive", "mincpus", "cores-per-socket")
+
+
 def workers_without_cores(spec: JobSpec) -> Optional[str]:
     """What is off when a torchrun job's one task per node, which holds all the node's workers, asks for no
     CPUs: Slurm gives a task one CPU unless told (or the partition's default), which the workers then share."""
     workers = validate(spec).workers_per_node or 1  # by default one per GPU, filled in there
     if spec.launcher != "torchrun" or spec.cpus_per_task or workers < 2:
+        return None
+    if any(name.replace("_", "-") in _ASK_FOR_CORES for name, _ in spec.extra):  # asked for CPUs another way
         return None
     return (f"--launcher torchrun without --cpus-per-task: each node's one task holds all {workers} torchrun "
             f"workers, and Slurm gives a task 1 CPU unless told (or the partition's default), which they would "

@@ -361,6 +361,8 @@ def test_a_log_folder_that_does_not_exist_is_warned_about(capsys, tmp_path, monk
     (["--launcher", "torchrun", "-G", "4"], True),  # 4 workers on the task's 1 CPU
     (["--launcher", "torchrun", "-G", "4", "-c", "32"], False),
     (["--launcher", "torchrun", "-G", "1"], False),  # one worker: the task's CPU is its own
+    (["--launcher", "torchrun", "-G", "4", "--sbatch", "cpus-per-gpu=8"], False),  # CPUs asked for another way
+    (["--launcher", "torchrun", "-G", "4", "--sbatch", "exclusive"], False),
     (["-G", "4"], False),  # srun: a task per GPU, each with its own CPU
 ])
 def test_torchrun_workers_without_cores_for_them_are_warned_about(capsys, options, warned):
