@@ -809,11 +809,25 @@ def open_meeting(
     where = hostport(host, port)
     serve = rank0_serves and env.rank == 0
     pauses = poll_pauses()
-    while True:
-        store, peer = open_store(
-            host, port, env.rank, env.world_size, deadline, serve=serve, candidates=candidates,
-            agent_serves=not rank0_serves, master_addr=env.master_addr,
+    closed: Optional[str] = None  # how the store this rank last joined went away
+
+    def lost() -> RendezvousError:
+        return RendezvousError(
+            f"rank {env.rank} joined the rendezvous store at {where} but lost it, again and again for "
+            f"{deadline.seconds:g} s (world size {env.world_size}; last: {closed}): rank 0 "
+            "keeps restarting, or another program holds MASTER_PORT"
         )
+
+    while True:
+        try:
+            store, peer = open_store(
+                host, port, env.rank, env.world_size, deadline, serve=serve, candidates=candidates,
+                agent_serves=not rank0_serves, master_addr=env.master_addr,
+            )
+        except RendezvousError:
+            if closed is not None and deadline.expired():  # the time ran out joining once more: say what came first
+                raise lost() from None
+            raise
         try:
             # One read: the attempt, the first rank's world size and, joining rank 0's store, rank 0's presence.
             if serve or not rank0_serves:
@@ -851,11 +865,7 @@ def open_meeting(
             log.debug("rank %d: the store at %s closed (%s); joining again", env.rank, where, closed)
             time.sleep(min(next(pauses), deadline.remaining()))
         if deadline.expired():  # after the pause too: joining once more with no time left would time out,
-            raise RendezvousError(  # and blame whatever listens there for not answering
-                f"rank {env.rank} joined the rendezvous store at {where} but lost it, again and again for "
-                f"{deadline.seconds:g} s (world size {env.world_size}; last: {closed}): rank 0 "
-                "keeps restarting, or another program holds MASTER_PORT"
-            )
+            raise lost()  # and blame whatever listens there for not answering
 
 
 def _slurm_master(env: DistEnv, environ: Mapping[str, str], deadline: Deadline) -> DistEnv:
