@@ -250,7 +250,8 @@ def plan(environ: Mapping[str, str], limit: int, local_restarts: int = 0) -> Pla
         return Plan(Action.GIVE_UP, reason="this is not a Slurm job (SLURM_JOB_ID is unset); rerun to resume")
     done = restart_count(environ)
     if done >= limit:
-        return Plan(Action.GIVE_UP, job_id, f"job {job_id} was already requeued {done} time{'s' if done != 1 else ''} (limit {limit}; "
+        times = "1 time" if done == 1 else f"{done} times"
+        return Plan(Action.GIVE_UP, job_id, f"job {job_id} was already requeued {times} (limit {limit}; "
                                             f"raise it with max_requeues= or {MAX_REQUEUES_VARIABLE})")
     job_id = _requeue_id(environ, job_id)
     return Plan(Action.SLURM_REQUEUE, job_id, command=["scontrol", "requeue", job_id])
