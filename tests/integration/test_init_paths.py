@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import time
@@ -273,3 +274,24 @@ def test_mpirun_ranks_without_the_batch_jobs_id_meet_under_rank_0s():
                   "sh", PYTHON, ALLREDUCE, "slurmdist"], env)
     assert result.returncode == 0, result.stdout + result.stderr
     check_allreduce(result.stdout, 4, launcher="openmpi")
+
+
+KEEPS_VISIBILITY = """
+import json, os, slurmdist
+names = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "ASCEND_RT_VISIBLE_DEVICES")
+before = {name: os.environ.get(name) for name in names}
+env = slurmdist.init()
+print(json.dumps({"before": before, "after": {name: os.environ.get(name) for name in names},
+                  "device": str(env.device)}))
+slurmdist.shutdown()
+"""
+
+
+def test_init_never_rewrites_the_visibility_variables():
+    # They belong to the user and the scheduler (README): init() reads them, binds a device, and leaves them.
+    visible = {"CUDA_VISIBLE_DEVICES": "3,1", "HIP_VISIBLE_DEVICES": "1", "ROCR_VISIBLE_DEVICES": "0,1",
+               "ASCEND_RT_VISIBLE_DEVICES": "2"}
+    result = run([PYTHON, "-c", KEEPS_VISIBILITY], {**clean_environ(), **visible})
+    assert result.returncode == 0, result.stderr
+    seen = json.loads(result.stdout.strip().splitlines()[-1])
+    assert seen["before"] == seen["after"] == visible and seen["device"] == "cpu", seen
