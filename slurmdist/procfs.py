@@ -30,8 +30,7 @@ def process_stat(pid: object) -> List[str]:
 
 def parent_argv() -> List[str]:
     """This process's parent's command line (['bash'], ['-bash'], ['bash', '-c', '...']); [] without /proc."""
-    fields = process_stat("self")
-    text = read(f"/proc/{fields[1]}/cmdline") if len(fields) > 1 else None
+    text = read(f"/proc/{os.getppid()}/cmdline")
     return text.rstrip("\0").split("\0") if text else []
 
 

@@ -861,10 +861,9 @@ def open_meeting(
                     "job's rank 0?"
                 ) from None
             closed = first_line(exc)
-        if not deadline.expired():
-            log.debug("rank %d: the store at %s closed (%s); joining again", env.rank, where, closed)
-            time.sleep(min(next(pauses), deadline.remaining()))
-        if deadline.expired():  # after the pause too: joining once more with no time left would time out,
+        log.debug("rank %d: the store at %s closed (%s); joining again", env.rank, where, closed)
+        time.sleep(min(next(pauses), deadline.remaining()))
+        if deadline.expired():  # after the pause: joining once more with no time left would time out,
             raise lost()  # and blame whatever listens there for not answering
 
 

@@ -342,7 +342,11 @@ MPIRUN_NEEDS_A_TASK_COUNT = [
 
 def render(spec: JobSpec) -> str:
     """The job script for `spec`, validated here."""
-    spec = validate(spec)
+    return render_valid(validate(spec))
+
+
+def render_valid(spec: JobSpec) -> str:
+    """The job script for a spec `validate` returned (its defaults filled in)."""
     lines = ["#!/bin/bash", "# Rendered by `slurmdist sbatch`. Submit with: sbatch THIS_FILE", "#"]
     if spec.setup:  # before the first command, where a directive covers the whole file
         lines += ["# shellcheck disable=SC1090,SC1091  # the site's files --setup lines may source", "#"]
@@ -543,8 +547,8 @@ def spec_from_args(args: argparse.Namespace) -> JobSpec:
 
 
 def _sbatch(args: argparse.Namespace) -> int:
-    spec = spec_from_args(args)
-    script = render(spec)
+    spec = validate(spec_from_args(args))  # once: the script and the warnings read the same defaults
+    script = render_valid(spec)
     problem = setup_syntax_problem(spec.setup)
     if problem is not None:
         raise SbatchError(problem)
@@ -580,8 +584,9 @@ _ASK_FOR_CORES = ("cpus-per-gpu", "exclusive", "mincpus", "cores-per-socket")
 
 def workers_without_cores(spec: JobSpec) -> Optional[str]:
     """What is off when a torchrun job's one task per node, which holds all the node's workers, asks for no
-    CPUs: Slurm gives a task one CPU unless told (or the partition's default), which the workers then share."""
-    workers = validate(spec).workers_per_node or 1  # by default one per GPU, filled in there
+    CPUs: Slurm gives a task one CPU unless told (or the partition's default), which the workers then share.
+    `spec` is validated (its workers per node filled in: by default one per GPU)."""
+    workers = spec.workers_per_node or 1
     if spec.launcher != "torchrun" or spec.cpus_per_task or workers < 2:
         return None
     if any(name.replace("_", "-") in _ASK_FOR_CORES for name, _ in spec.extra):  # asked for CPUs another way
@@ -649,7 +654,7 @@ def missing_log_folder(output: str) -> Optional[str]:
     usually run); None when it exists, there is none, or it holds a pattern (`%x/`) that only the job fills."""
     folder = os.path.dirname(output)
     if "%" in folder:  # `logs/%x/...`: the job fills the rest in, but `logs` must be there already
-        folder = os.path.dirname(folder[:folder.index("%")] + "x")
+        folder = folder.partition("%")[0].rpartition("/")[0]
     if not folder or os.path.isdir(folder):
         return None
     return folder
