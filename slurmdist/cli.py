@@ -348,6 +348,9 @@ def _interpreter_missing(program: str, path: str) -> Optional[Tuple[str, int]]:
 
 def _host_limit(text: str) -> int:
     limit = whole_number(text)
+    if limit is None and text.isdigit() and text.isascii():
+        raise argparse.ArgumentTypeError(f"{text!r} is too large for a number of hosts (the default "
+                                         "limit is 2**20); give a smaller one")
     if limit is None or limit < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of hosts, 1 or more")
     return limit
@@ -356,25 +359,34 @@ def _host_limit(text: str) -> int:
 def _hostlist(args: argparse.Namespace) -> int:
     from . import hostlist
 
-    text = ",".join(_standard_input_hosts() if word == "-" else word for word in args.hosts)
+    # Each argument is a list of its own, as for `scontrol show hostnames A B`: joined first, two broken
+    # halves ('n[1-2' '5]') would make one valid list, and an error would quote text nobody typed.
+    lists = [_standard_input_hosts() if word == "-" else word for word in args.hosts]
     # An empty argument is most often "$SLURM_JOB_NODELIST" outside a job; standard input may be empty, as
     # for `wc -l` (count says 0).
-    if "-" not in args.hosts and not text.replace(",", "").strip():
-        raise SlurmdistError(f"hostlist {args.action}: the hostlist {text!r} names no host (outside a Slurm job, "
+    if "-" not in args.hosts and not any(text.replace(",", "").strip() for text in lists):
+        shown = ",".join(lists)
+        raise SlurmdistError(f"hostlist {args.action}: the hostlist {shown!r} names no host (outside a Slurm job, "
                              "\"$SLURM_JOB_NODELIST\" is empty): give one such as node[1-4]")
     limit = hostlist.DEFAULT_LIMIT if args.limit is None else args.limit
+    if args.action in ("count", "first"):
+        counts = [hostlist.count(text) for text in lists]  # checks every list whole, as expand does
+        if args.action == "count":
+            print(sum(counts))
+        else:  # an empty list has no first host: first() says so, naming it
+            print(hostlist.first(next((text for text, hosts in zip(lists, counts) if hosts), lists[0])))
+        return 0
+    hosts: List[str] = []
+    for text in lists:
+        hosts += hostlist.expand(text, limit=limit)
+        if len(hosts) > limit:
+            raise SlurmdistError(f"hostlist {args.action}: the lists name more than {limit} hosts together; "
+                                 "raise --limit if that many is meant")
     if args.action == "expand":
-        hosts = hostlist.expand(text, limit=limit)
         if hosts:  # one line per host: none for empty standard input, as `count` says 0
             print("\n".join(hosts))
-    elif args.action == "compress":
-        compressed = hostlist.compress(hostlist.expand(text, limit=limit))
-        if compressed:  # empty standard input: no line at all, as expand prints none
-            print(compressed)
-    elif args.action == "first":
-        print(hostlist.first(text))
-    else:
-        print(hostlist.count(text))
+    elif hosts:  # compress; empty standard input: no line at all, as expand prints none
+        print(hostlist.compress(hosts))
     return 0
 
 

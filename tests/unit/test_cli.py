@@ -240,6 +240,30 @@ def test_hostlist_subcommand():
     assert slurmdist("hostlist", "expand", "--limit", "3", "n[1-3]", environ=environ).stdout.split() == ["n1", "n2", "n3"]
 
 
+@pytest.mark.parametrize("action", ["expand", "compress", "count", "first"])
+@pytest.mark.parametrize("halves, wrong", [(("n[1-2", "5]"), "'n[1-2'"), (("n[1", "2]x"), "'n[1'"),
+                                           (("node[1-4]", "gpu[3-1]"), "'gpu[3-1]'")])
+def test_hostlist_arguments_are_separate_lists_each_checked_whole(action, halves, wrong):
+    # Joined with commas, the two broken halves made one valid list (n1 n2 n5); `first` checked only the first
+    # item, so a corrupt second list passed. Each argument is checked on its own, and the error quotes it.
+    refused = slurmdist("hostlist", action, *halves, environ=clean_environ())
+    assert refused.returncode == 2 and refused.stdout == "", refused.stdout
+    assert f"invalid Slurm hostlist {wrong}" in refused.stderr, refused.stderr
+
+
+def test_hostlist_arguments_add_up():
+    environ = clean_environ()
+    assert slurmdist("hostlist", "expand", "n[1-2]", "", "m1", environ=environ).stdout.split() == ["n1", "n2", "m1"]
+    assert slurmdist("hostlist", "count", "n[1-2]", "m[1-3]", environ=environ).stdout == "5\n"
+    assert slurmdist("hostlist", "first", "", "m[4-5]", environ=environ).stdout == "m4\n"
+    assert slurmdist("hostlist", "compress", "n[1-2]", "n3", environ=environ).stdout == "n[1-3]\n"
+    # The limit bounds the hosts of all lists together.
+    refused = slurmdist("hostlist", "expand", "--limit", "3", "n[1-2]", "m[1-2]", environ=environ)
+    assert refused.returncode == 2 and "more than 3 hosts together" in refused.stderr, refused.stderr
+    too_large = slurmdist("hostlist", "expand", "--limit", "9" * 23, "n1", environ=environ)
+    assert too_large.returncode == 2 and "is too large for a number of hosts" in too_large.stderr
+
+
 def test_hostlist_reads_standard_input_for_a_dash():
     def hostlist(*args: str, stdin: str) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "slurmdist", "hostlist", *args], input=stdin, timeout=30,
