@@ -113,6 +113,8 @@ def read_step(environ: Mapping[str, str]) -> Optional[DistEnv]:
             layout_name,
             environ[layout_name],
         )
+    _check_step_fits_job(environ, world_name, world_size, "tasks", ("SLURM_NTASKS", "SLURM_NPROCS"))
+    _check_step_fits_job(environ, nodes_name, num_nodes, "nodes", ("SLURM_NNODES",))
     check_index("srun", "SLURM_PROCID", rank, world_name, world_size)
     check_index("srun", "SLURM_NODEID", node_rank, nodes_name, num_nodes)
     master_addr, master_port = explicit_master(environ)
@@ -143,6 +145,31 @@ def read_step(environ: Mapping[str, str]) -> Optional[DistEnv]:
         master_addr=master_addr,
         master_port=master_port,
         job_id=job,
+    )
+
+
+def _check_step_fits_job(environ: Mapping[str, str], step_name: str, step_count: int, what: str,
+                         job_names: Tuple[str, ...]) -> None:
+    """A step's task or node count (`step_name`) is at most what `job_names` say. srun sets those to the step's
+    own count (`srun --preserve-env`: leaves the job's), so more in the step means its variables are left over:
+    `sbatch` and `salloc` pass the environment on, and a job submitted from inside an srun task (rank 0
+    submitting an evaluation job) inherits that task's SLURM_STEP_* beside its own job's variables. Read as
+    they stand, its batch script would be rank 0 of the old step and wait out its timeout for ranks that
+    never come."""
+    if not step_name.startswith("SLURM_STEP_"):
+        return
+    found = first_count(environ, job_names, minimum=1)
+    if found is None or step_count <= found[1]:
+        return
+    job_name, job_count = found
+    raise LaunchError(
+        f"srun: {step_name}={step_count} but {job_name}={job_count}: srun sets both to the step's {what}, and a "
+        f"step never has more {what} than its job, so the SLURM_STEP_* variables are left over from another "
+        "srun step: this job was submitted (sbatch, salloc) from inside an srun task, and passed its "
+        "environment on. Unset them where the job is submitted or at the top of its script (bash: `unset "
+        "${!SLURM_STEP_@} SLURM_STEPID`); to start several tasks, use srun in the job script",
+        step_name,
+        str(step_count),
     )
 
 

@@ -357,12 +357,52 @@ def srun_default_tasks(environ: dict) -> int:
 def test_batch_scripts_fail_fast_unless_srun_would_start_one_task(name):
     for environ in load_case(case_path(name)):
         tasks = srun_default_tasks(environ)
-        if tasks > 1:
+        if "SLURM_STEP_ID" in environ:  # submitted from inside an srun task, whose step variables it inherited
+            with pytest.raises(LaunchError, match="left over from another srun step"):
+                detect(environ)
+        elif tasks > 1:
             with pytest.raises(LaunchError, match="srun"):
                 detect(environ)
         else:
             env = detect(environ)
             assert (env.launcher, env.world_size) == ("single", 1)
+
+
+def test_a_batch_script_submitted_from_an_srun_task_refuses_the_step_variables_it_inherited():
+    # Rank 0 of `srun -N2 -n2` ran `sbatch -N1 -n1 --wrap "python eval.py"`: the new job's batch script carries
+    # the old step's SLURM_STEP_* beside its own job's variables. Read as they stand it was rank 0 of 2, and
+    # init() waited its whole timeout for a rank 1 that never comes.
+    (environ,) = load_case("slurm/sbatch_from_srun_task_batchstep")
+    assert environ["SLURM_STEP_NUM_TASKS"] == "2" and environ["SLURM_NTASKS"] == "1"
+    with pytest.raises(LaunchError) as raised:
+        detect(environ)
+    message = str(raised.value)
+    assert "SLURM_STEP_NUM_TASKS=2 but SLURM_NTASKS=1" in message and "unset ${!SLURM_STEP_@} SLURM_STEPID" in message
+    assert raised.value.variable == "SLURM_STEP_NUM_TASKS"
+    # What the advice leaves is the batch script of a one-task job: one process.
+    unset = {name: value for name, value in environ.items() if not name.startswith("SLURM_STEP")}
+    assert (detect(unset).launcher, detect(unset).world_size) == ("single", 1)
+    # The node counts say it too, when the task counts agree.
+    nodes_only = {**environ, "SLURM_NTASKS": "2", "SLURM_NPROCS": "2"}
+    with pytest.raises(LaunchError, match="SLURM_STEP_NUM_NODES=2 but SLURM_NNODES=1"):
+        detect(nodes_only)
+
+
+def test_a_step_that_srun_started_in_another_job_is_read_as_that_step():
+    # `srun --jobid=B` from job A: the task keeps A's SLURM_JOB_ID and SLURM_JOB_NODELIST, but srun set
+    # SLURM_NNODES and SLURM_NTASKS to the step's own counts, so its step variables are not taken for left over.
+    (environ,) = load_case("slurm/srun_jobid_of_other_job")
+    assert environ["SLURM_JOB_NODELIST"] != environ["SLURM_STEP_NODELIST"]
+    env = detect(environ)
+    assert (env.launcher, env.world_size, env.master_addr) == ("slurm", 1, environ["SLURMD_NODENAME"])
+
+
+@pytest.mark.parametrize("tasks, nodes", [("4", "2"), ("3", "3")])
+def test_srun_preserve_env_keeps_the_jobs_larger_counts_which_are_no_contradiction(tasks, nodes):
+    # `srun -E` leaves SLURM_NTASKS and SLURM_NNODES as the job's, which are at least the step's.
+    environ = {**load_case("slurm/srun_N2_n3")[0], "SLURM_NTASKS": tasks, "SLURM_NPROCS": tasks,
+               "SLURM_NNODES": nodes}
+    assert detect(environ).world_size == 3
 
 
 def test_an_exclusive_job_without_a_task_count_is_one_process():
