@@ -6,6 +6,7 @@ user as "SLURM_PROCID='' is empty" rather than a bare ValueError from deep insid
 
 from __future__ import annotations
 
+import os
 from typing import List, Mapping, Optional, Sequence, Tuple
 
 from .errors import LaunchError, quoted
@@ -23,10 +24,29 @@ FIX_ADVICE = ("Fix or unset it (launchers set it per process: a bad value usuall
 JOB_ID_VARIABLES = ("SLURM_JOB_ID", "SLURM_JOBID", "FLUX_JOB_ID", "LSB_JOBID", "PBS_JOBID", "PALS_APID")
 
 
+STRINGS_ONLY = frozenset({str})
+
+
 def require_mapping(environ: Mapping[str, str]) -> Mapping[str, str]:
-    """`environ` itself when it is a mapping; a TypeError that says so, not "'str' has no attribute 'get'"."""
+    """`environ` itself when it is a mapping of strings to strings; else a TypeError that says so, not
+    "'int' object has no attribute 'strip'" from deep inside (`{"RANK": 1}` in a test), nor a silent "no
+    launcher" for bytes names (`os.environb`)."""
     if not isinstance(environ, Mapping):
         raise TypeError(f"environ={environ!r} must be a mapping of variable names to values, such as os.environ")
+    if environ is os.environ or STRINGS_ONLY.issuperset(map(type, environ)) and STRINGS_ONLY.issuperset(
+            map(type, environ.values())):  # os.environ holds strings by construction; the rest: a walk in C
+        return environ
+    for name, value in environ.items():
+        if not (isinstance(name, str) and isinstance(value, str)):
+            wrong = name if not isinstance(name, str) else value
+            if isinstance(wrong, (bytes, bytearray)):
+                hint = "decode them (os.environ, not os.environb)"
+            elif value is None:
+                hint = "leave the name out for a variable that is not set"
+            else:
+                hint = f"write {name}={str(value)!r}" if isinstance(name, str) else ""
+            raise TypeError(f"environ[{name!r}]={value!r}: environment variable names and values are strings, as in "
+                            f"os.environ, not {type(wrong).__name__}" + (f"; {hint}" if hint else ""))
     return environ
 
 

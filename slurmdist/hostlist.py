@@ -707,6 +707,8 @@ def compress(hosts: Iterable[str]) -> str:
     if isinstance(hosts, (str, bytes)):  # iterating would compress its characters ('n,o,d,e,1')
         raise HostlistError(f"compress() takes a list of host names, not one string ({quoted(str(hosts))}); for a "
                             "hostlist string, expand() it first")
+    if not isinstance(hosts, Iterable):
+        raise HostlistError(f"compress() takes a list of host names, got {type(hosts).__name__} {hosts!r:.60}")
     items: List[str] = []
     prefix: Optional[str] = None
     numbers: List[str] = []

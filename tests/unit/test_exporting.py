@@ -56,6 +56,18 @@ def test_arguments_of_the_wrong_kind_say_what_was_expected():
     # Not "'str' object has no attribute 'get'" from deep inside.
     with pytest.raises(TypeError, match="environ='RANK=0' must be a mapping of variable names to values"):
         detect("RANK=0")
+    # Values as a test writes them by mistake: not "'int' object has no attribute 'strip'" from a reader, and
+    # bytes names (os.environb) not taken silently for "no launcher".
+    rank = load_case("torchrun/standalone_np4")[0]
+    for wrong, message in [
+        ({**rank, "RANK": 1}, r"environ\['RANK'\]=1: .* not int; write RANK='1'"),
+        ({**rank, "MASTER_PORT": 29500}, "not int; write MASTER_PORT='29500'"),
+        ({**rank, "SLURM_JOB_ID": None}, "not NoneType; leave the name out"),
+        ({b"RANK": b"1", b"WORLD_SIZE": b"2"}, r"environ\[b'RANK'\]=b'1': .* not bytes; decode them"),
+        (os.environb, "not bytes; decode them"),
+    ]:
+        with pytest.raises(TypeError, match=message):
+            detect(wrong)
     for call in (export_env, torchrun_variables):
         with pytest.raises(TypeError, match="expected the DistEnv that slurmdist.detect.. or slurmdist.init.. returned"):
             call(None)

@@ -212,6 +212,12 @@ def test_compress_refuses_one_string_which_it_would_read_letter_by_letter(text) 
         compress(text)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("value", [None, 5])
+def test_compress_refuses_what_is_no_list_of_names(value) -> None:
+    with pytest.raises(HostlistError, match=f"takes a list of host names, got {type(value).__name__} {value}$"):
+        compress(value)  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize("function", [expand, count, first])
 @pytest.mark.parametrize("value, hint", [(["n1", "n2"], "compress\\(\\) it or join it"), (b"n[1-2]", "decode it first"),
                                          (5, "got int 5$"), (None, "got NoneType None$")])
