@@ -175,7 +175,26 @@ def explicit_master(environ: Mapping[str, str]) -> Tuple[Optional[str], Optional
             "MASTER_PORT",
             raw,
         )
-    return read_text(environ, "MASTER_ADDR"), port
+    return _master_host(read_text(environ, "MASTER_ADDR")), port
+
+
+def _master_host(addr: Optional[str]) -> Optional[str]:
+    """MASTER_ADDR as torch takes it: one host name or address ('[v6]' too), not a URL or 'host:port', which
+    would otherwise reach the user as a lookup failure of that text long after start."""
+    if addr is None:
+        return None
+    host, colon, port = addr.rpartition(":")
+    fix = ""
+    if "://" in addr:
+        problem = "is a URL"
+    elif any(char.isspace() for char in addr):
+        problem = "holds a space"
+    elif colon and port.isdigit() and (host.count(":") == 0 or host.endswith("]")):  # not a bare IPv6 address
+        problem, fix = "holds a port", f": here MASTER_ADDR={host} MASTER_PORT={port}"
+    else:
+        return addr
+    raise LaunchError(f"MASTER_ADDR={quoted(addr)} {problem}: it names the rank-0 host alone (a name, or an IPv4 or "
+                      f"IPv6 address), and the port goes in MASTER_PORT{fix}", "MASTER_ADDR", addr)
 
 
 def scheduler_job_id(environ: Mapping[str, str]) -> Optional[str]:

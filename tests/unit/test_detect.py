@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import types
 
 import pytest
@@ -472,7 +473,23 @@ CONTRADICTIONS = [
     ({"MASTER_PORT": "70000"}, "MASTER_PORT"),
     ({"MASTER_PORT": "0"}, "MASTER_PORT"),
     ({"MASTER_ADDR": " "}, "MASTER_ADDR"),
+    ({"MASTER_ADDR": "node1:29500"}, "MASTER_ADDR"),
+    ({"MASTER_ADDR": "tcp://node1:29500"}, "MASTER_ADDR"),
+    ({"MASTER_ADDR": "node1 node2"}, "MASTER_ADDR"),
 ]
+
+
+@pytest.mark.parametrize("addr, fix", [("node1:29500", "MASTER_ADDR=node1 MASTER_PORT=29500"),
+                                       ("[fd00::7]:29500", "MASTER_ADDR=[fd00::7] MASTER_PORT=29500")])
+def test_a_port_in_master_addr_is_refused_with_the_split_to_use(addr, fix):
+    # `export MASTER_ADDR=$(hostname):29500` reached the user as a failed lookup of 'node1:29500' at init().
+    with pytest.raises(LaunchError, match=f"MASTER_ADDR='{re.escape(addr)}' holds a port.*here {re.escape(fix)}$"):
+        detect({**STEP, "MASTER_ADDR": addr})
+
+
+@pytest.mark.parametrize("addr", ["node1", "10.0.0.5", "fd00::7", "[fd00::7]", "fe80::1%eth0"])
+def test_master_addr_takes_names_and_both_address_families(addr):
+    assert detect({**STEP, "MASTER_ADDR": addr}).master_addr == addr
 
 
 @pytest.mark.parametrize("changes,variable", CONTRADICTIONS, ids=[str(c) for c, _ in CONTRADICTIONS])
