@@ -209,6 +209,18 @@ def test_run_looks_up_the_command_as_exec_would_before_anything_starts(tmp_path)
     assert (found_here.returncode, found_here.stdout) == (0, "ran here\n"), found_here.stderr
 
 
+@pytest.mark.parametrize("first_line, taken", [("#!/bin/sh", "'/bin/sh\\r' for the interpreter"),
+                                               ("#!/usr/bin/env sh", "'sh\\r' for the last argument")])
+def test_run_names_windows_line_ends_in_a_scripts_first_line(tmp_path, first_line, taken):
+    # Saved on Windows: exec fails with ENOENT, which read "command not found" for a script that is there.
+    script = tmp_path / "train.sh"
+    script.write_bytes(f"{first_line}\r\necho hi\r\n".encode())
+    script.chmod(0o755)
+    result = slurmdist("run", "--", str(script), environ=clean_environ())
+    assert result.returncode == 127 and "ends in a carriage return (the file has Windows line ends)" in result.stderr
+    assert f"the kernel takes {taken}" in result.stderr and f"dos2unix {script}" in result.stderr, result.stderr
+
+
 def test_run_reports_a_command_the_kernel_cannot_execute(tmp_path):
     script = tmp_path / "train.sh"
     script.write_text("echo no interpreter line\n")
