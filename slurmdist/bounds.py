@@ -7,7 +7,8 @@ from __future__ import annotations
 import math
 import select
 import time
-from typing import Any, Callable, Iterator, Mapping, Optional, Set, Tuple
+from datetime import timedelta
+from typing import Any, Callable, Iterator, Mapping, Optional, Set, Tuple, Union
 
 from .errors import RendezvousError
 
@@ -54,14 +55,14 @@ class Deadline:
         return time.monotonic() >= self.end
 
 
-def init_timeout(timeout: Optional[float], environ: Mapping[str, str]) -> float:
+def init_timeout(timeout: Union[float, timedelta, None], environ: Mapping[str, str]) -> float:
     """The rendezvous bound in seconds: the argument, else `SLURMDIST_INIT_TIMEOUT`, else 300."""
     if timeout is not None:
         return positive_seconds("timeout", timeout, RendezvousError)
     return positive_seconds(TIMEOUT_VARIABLE, environ.get(TIMEOUT_VARIABLE, DEFAULT_TIMEOUT), RendezvousError)
 
 
-def timeout_knob(timeout: Optional[float], argument: str) -> str:
+def timeout_knob(timeout: Union[float, timedelta, None], argument: str) -> str:
     """What set the init timeout: `argument` (how the caller gave `timeout`) when given, which wins over the
     variable, else the variable."""
     return TIMEOUT_VARIABLE if timeout is None else argument
@@ -76,9 +77,11 @@ def positive_seconds(source: str, value: Any, error: Callable[[str], Exception])
     try:
         if isinstance(value, bool):  # float(True) is 1.0: `timeout=True` is a mistake, not one second
             raise TypeError
-        seconds = float(value)
+        # A timedelta, as torch's own init_process_group(timeout=...) takes one.
+        seconds = value.total_seconds() if isinstance(value, timedelta) else float(value)
     except (TypeError, ValueError):
-        raise error(f"{source}={value!r} is not a number of seconds") from None
+        raise error(f"{source}={value!r} is not a number of seconds; give one such as 300 (or a timedelta), "
+                    f"positive and at most {MAX_SECONDS:.0f} (a year)") from None
     if not 0 < seconds <= MAX_SECONDS:
         raise error(f"{source}={value!r} must be a positive number of seconds, at most {MAX_SECONDS:.0f} "
                     "(a year)")

@@ -18,7 +18,7 @@ import time
 import traceback
 import warnings
 from datetime import timedelta
-from typing import Any, Iterator, List, Mapping, Optional
+from typing import Any, Iterator, List, Mapping, Optional, Union
 
 # hostlist: detect() reads a Slurm nodelist with it. Loaded with the rest of init()'s modules (when
 # `slurmdist.init` is first looked up), not inside init(), where each rank's half millisecond of loading
@@ -58,14 +58,14 @@ _state: dict = {"env": None, "store": None, "generation": 0, "atexit": False, "o
 def init(
     backend: str = "auto",
     *,
-    timeout: Optional[float] = None,
+    timeout: Union[float, timedelta, None] = None,
     device: Any = None,
     environ: Optional[Mapping[str, str]] = None,
 ) -> DistEnv:
     """Detect the launch, pick backend and device, bind the device, form the default process group.
 
-    Returns the `DistEnv` with `device`, `device_ids` (for DDP) and `backend` filled. `timeout` (seconds,
-    default `SLURMDIST_INIT_TIMEOUT` or 300) bounds the whole rendezvous. A second call warns and returns the
+    Returns the `DistEnv` with `device`, `device_ids` (for DDP) and `backend` filled. `timeout` (seconds or
+    a timedelta, default `SLURMDIST_INIT_TIMEOUT` or 300) bounds the whole rendezvous. A second call warns and returns the
     same env, without using its arguments (`shutdown()` first to form another group); after the group was
     destroyed (`shutdown()`, or your own `dist.destroy_process_group()`), `init()` forms a new one.
     """

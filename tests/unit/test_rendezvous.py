@@ -73,6 +73,12 @@ def test_init_timeout_sources():
         init_timeout(float("inf"), {})
     with pytest.raises(RendezvousError, match="timeout=True is not a number of seconds"):  # float(True) is 1.0
         init_timeout(True, {})
+    # torch's own init_process_group takes a timedelta: so does init(), and the text variable says what it takes.
+    assert init_timeout(timedelta(minutes=2), {}) == 120
+    with pytest.raises(RendezvousError, match=r"'soon' is not a number of seconds; give one such as 300 .*a year"):
+        init_timeout(None, {"SLURMDIST_INIT_TIMEOUT": "soon"})
+    with pytest.raises(RendezvousError, match="timeout=datetime.timedelta.* must be a positive number of seconds"):
+        init_timeout(timedelta(0), {})
 
 
 def test_a_store_host_name_that_does_not_resolve_fails_at_once_naming_it():
