@@ -280,7 +280,8 @@ def _run(args: argparse.Namespace) -> int:
         else:
             # Rank 0's `slurmdist run` listens within milliseconds of starting. Waiting for it here keeps the
             # bound: the command's torch client would wait for an absent rank 0 for its own timeout (30 min).
-            wait_listening(master_addr, master_port, deadline, env.world_size, rank=env.rank)
+            wait_listening(master_addr, master_port, deadline, env.world_size, rank=env.rank,
+                           store_of_a_command=True)
         child_env[AGENT_STORE_VARIABLE] = "True"
         # Older torch releases read the agent's restart count next to that switch and fail without it.
         child_env.setdefault(RESTART_COUNT_VARIABLE, "0")

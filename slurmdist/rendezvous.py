@@ -99,14 +99,21 @@ def resolve_master(
 # --- store ----------------------------------------------------------------------------------------------
 
 
+# Why a `slurmdist run` rank can find no store although rank 0 did everything right.
+COMMAND_ENDED = ("its command already ended (`slurmdist run` serves the store only while rank 0's command runs: "
+                 "for a command that does not start torch.distributed, such as hostname or nvidia-smi, use "
+                 "`slurmdist run --no-store`), ")
+
+
 def wait_listening(
     host: str, port: int, deadline: Deadline, world_size: int, candidates: Sequence[str] = (), *,
-    rank: Optional[int] = None,
+    rank: Optional[int] = None, store_of_a_command: bool = False,
 ) -> str:
     """Poll until something listens on host:port, sleeping a few milliseconds between attempts; returns the
     address that answered (a name may have several). A name is looked up once (or not at all, when the
     caller passes the `candidates` it resolved), not at every attempt: the lookup has no timeout of its own,
-    and thousands of ranks polling would flood the name server."""
+    and thousands of ranks polling would flood the name server. `store_of_a_command`: the store is the one
+    `slurmdist run` serves while rank 0's command runs, which a short command (hostname) may have ended."""
     pauses = poll_pauses()
     last = ""  # text only: a kept exception's frames would hold the caller's (and its store client) in a cycle
     # Never a name to connect to: each connect would look it up again, unbounded, at every poll.
@@ -133,7 +140,8 @@ def wait_listening(
                 f"{who}nothing listens at the rendezvous store {hostport(host, port)} after {deadline.seconds:.0f} s "
                 f"(world size {world_size}, last error: {last}): rank 0 has not started, crashed before "
                 f"it listened (in slurmdist.init() or slurmdist run), already gave up on ranks that came as late "
-                f"as this one (start every rank together, or raise {deadline.knob}), or "
+                f"as this one (start every rank together, or raise {deadline.knob}), "
+                f"{COMMAND_ENDED if store_of_a_command else ''}or "
                 f"MASTER_ADDR/MASTER_PORT point elsewhere{_ipv6_only_hint(candidates)}"
             )
         time.sleep(min(next(pauses), deadline.remaining()))

@@ -116,6 +116,8 @@ def test_other_ranks_give_up_when_rank_0_never_listens():
     assert f"rank 1: nothing listens at the rendezvous store 127.0.0.1:{port} after 3 s" in result.stderr
     assert "Traceback" not in result.stderr and "must not run" not in result.stdout
     assert "raise SLURMDIST_INIT_TIMEOUT" in result.stderr
+    # `srun slurmdist run -- hostname`: rank 0's command may be over before a later rank looks for its store.
+    assert "its command already ended" in result.stderr and "use `slurmdist run --no-store`" in result.stderr
     assert 3 <= waited < 30  # it waited for the bound, and not for torch's 30 minutes
 
 
