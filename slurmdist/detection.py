@@ -239,9 +239,33 @@ def is_own_srun_task(env: DistEnv, environ: Mapping[str, str]) -> bool:
     return step is not None and _same_placement(step, env)
 
 
+def _warn_if_single_in_a_launch(environ: Mapping[str, str]) -> None:
+    """`SLURMDIST_LAUNCHER=single` in a task of a launch of several (an srun step, MPI ranks): exported in the job
+    script for one helper command, it makes every later step's tasks train alone, each rank 0 of 1 and each the
+    main process writing the same files. Meant in a launch too (one independent run per task), so a warning."""
+    try:
+        step = slurm.read_step(environ)
+        outer = step or _read_mpi(environ, inside_step=step is not None)
+    except LaunchError:  # malformed launcher variables: single is what was asked for
+        return
+    if outer is None or outer.world_size == 1:
+        return
+    if step is not None:
+        place = f"task {outer.rank} of {outer.world_size} of srun step {slurm.step_id(environ)} of job {outer.job_id}"
+    else:
+        place = f"rank {outer.rank} of {outer.world_size} of this {outer.launcher} launch"
+    warn_once(
+        f"slurmdist: {FORCE_VARIABLE}=single, but this process is {place}: each of its processes runs alone, as "
+        f"rank 0 of 1 (each the main one, writing the same files). Meant for one helper command in the job script? "
+        f"Set it on that command alone (`{FORCE_VARIABLE}=single python prep.py`), not with export",
+        __file__,
+    )
+
+
 def _forced(name: str, environ: Mapping[str, str]) -> DistEnv:
     name = name.strip()
     if name == "single":
+        _warn_if_single_in_a_launch(environ)
         return single(environ)
     reader = READERS.get(name)
     if reader is None:

@@ -221,6 +221,23 @@ def stale_warnings(caplog):
     return lambda: [r.getMessage() for r in caplog.records if "set by hand" in r.getMessage()]
 
 
+@pytest.mark.parametrize("name", ["slurm/srun_N2_tpn2", "mpi/openmpi_np4"])
+def test_single_forced_in_a_launch_of_several_runs_each_alone_with_a_warning(name, caplog):
+    # `export SLURMDIST_LAUNCHER=single` in the job script for a helper: every later step's tasks train alone.
+    caplog.set_level(logging.WARNING, logger="slurmdist")
+    for environ in load_case(name):
+        env = detect({**environ, "SLURMDIST_LAUNCHER": "single"})
+        assert (env.launcher, env.rank, env.world_size) == ("single", 0, 1)  # what was asked for
+    warned = [r.getMessage() for r in caplog.records if "SLURMDIST_LAUNCHER=single, but" in r.getMessage()]
+    assert len(warned) == 4, caplog.text
+    assert re.search(r"is (task|rank) [0-3] of 4 of (srun step 0 of job \d+|this openmpi launch): each", warned[0])
+    assert "`SLURMDIST_LAUNCHER=single python prep.py`), not with export" in warned[0]
+    caplog.clear()
+    for quiet in (load_case("slurm/sbatch_N2_tpn2_batchstep")[0], load_case("slurm/srun_n1")[0], {}):
+        detect({**quiet, "SLURMDIST_LAUNCHER": "single"})  # the helper it is meant for: no word
+    assert "SLURMDIST_LAUNCHER=single, but" not in caplog.text
+
+
 def test_torchrun_variables_exported_once_in_the_job_script_get_a_warning_in_every_task_they_misplace(stale_warnings):
     # `export RANK=$SLURM_PROCID ...` in the batch script: every task inherits the batch step's 0.
     tasks = load_case("slurm/srun_N2_tpn2")
