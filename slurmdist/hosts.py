@@ -154,9 +154,13 @@ def resolve_addresses(host: str, environ: Mapping[str, str], timeout: float = 10
         failed += " (DNS / /etc/hosts)"
     asked_slurm = (f" and Slurm gave no usable NodeAddr for it (scontrol show node {bare}"
                    f"{' -> ' + node_addr if node_addr else ''})") if "SLURM_JOB_ID" in environ or node_addr else ""
-    raise RendezvousError(
-        f"{failed}{asked_slurm}; set MASTER_ADDR to an IP address or a name every node can resolve"
-    )
+    if strip_brackets(environ.get("MASTER_ADDR", "").strip()) == bare:  # the user's, not the launch's
+        fix = ("; it is MASTER_ADDR's value: set MASTER_ADDR to an IP address or a name every node can resolve, or, "
+               "left over from elsewhere, unset it" + (" (slurmdist then meets on the step's first node)"
+                                                       if "SLURM_JOB_ID" in environ else ""))
+    else:
+        fix = "; set MASTER_ADDR to an IP address or a name every node can resolve"
+    raise RendezvousError(f"{failed}{asked_slurm}{fix}")
 
 
 def hostfile_master(environ: Mapping[str, str], timeout: float = 10.0) -> str:

@@ -141,7 +141,11 @@ def test_resolve_host():
     assert "Slurm" not in str(outside_slurm.value)  # a plain mpirun's MASTER_ADDR: no Slurm to blame
     with pytest.raises(RendezvousError, match="Slurm gave no usable NodeAddr for it") as in_a_job:
         resolve_host("no-such-node.invalid", {"PATH": "", "SLURM_JOB_ID": "7"})
-    assert "set MASTER_ADDR" in str(in_a_job.value)
+    assert "set MASTER_ADDR" in str(in_a_job.value) and "unset it" not in str(in_a_job.value)
+    # The name came from an exported MASTER_ADDR (left over, or a typo): say so, and that unsetting it is a way out.
+    with pytest.raises(RendezvousError, match="it is MASTER_ADDR's value: set MASTER_ADDR to .*, or, left over from "
+                                              r"elsewhere, unset it \(slurmdist then meets on the step's first node\)"):
+        resolve_host("no-such-node.invalid", {"PATH": "", "SLURM_JOB_ID": "7", "MASTER_ADDR": "no-such-node.invalid"})
 
 
 def test_a_slurmctld_that_never_answers_costs_one_lookup_bound_not_the_init_timeout(tmp_path, monkeypatch):
