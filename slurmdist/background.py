@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import _thread
 import threading
-from typing import Any, Callable
+import time
+from typing import Any, Callable, Optional
 
 
 def start(function: Callable[..., Any], *args: Any) -> None:
@@ -23,10 +24,16 @@ def start(function: Callable[..., Any], *args: Any) -> None:
     _thread.start_new_thread(function, args)
 
 
-def call_with_timeout(function: Callable[[], Any], timeout: float, what: str) -> Any:
+UNBLOCK_EVERY = 0.05  # seconds between two `unblock` calls of call_with_timeout
+
+
+def call_with_timeout(function: Callable[[], Any], timeout: float, what: str, *,
+                      unblock: Optional[Callable[[], Any]] = None, grace: float = 0.0) -> Any:
     """`function()` run in a daemon thread and waited for at most `timeout` seconds: for a call that has no
     timeout of its own (getaddrinfo, a read on a stalled file system, torch's store handshake). Its result, or
-    its exception; `TimeoutError` naming `what` when it is still running (it is left to finish alone)."""
+    its exception; `TimeoutError` naming `what` when it is still running (it is left to finish alone).
+    `unblock`, called at the timeout, makes the call return (cuts its connection), and `grace` seconds are
+    given it to: a thread that leaves C++ code (torch) after the interpreter began to exit aborts the process."""
     box: dict = {}
     done = threading.Event()
 
@@ -40,6 +47,11 @@ def call_with_timeout(function: Callable[[], Any], timeout: float, what: str) ->
 
     start(run)
     if not done.wait(timeout):
+        end = time.monotonic() + grace
+        # Again and again: a call that retries (torch's store client) opens a new connection each time.
+        while unblock is not None and not done.is_set() and time.monotonic() < end:
+            unblock()
+            done.wait(UNBLOCK_EVERY)
         raise TimeoutError(f"{what} took longer than {timeout:.1f} s")
     if "error" in box:
         raise box.pop("error")  # the box no longer holds it: its frames (this call's) and it are no cycle

@@ -23,7 +23,7 @@ import time
 from datetime import timedelta
 from typing import Any, Iterator, List, Mapping, Optional, Sequence, Tuple
 
-from . import procfs, store_server
+from . import procfs, store_server, store_watchdog
 from .background import call_with_timeout
 from .bounds import Deadline, init_timeout, poll_pauses, timeout_knob
 from .distenv import LOOPBACK, DistEnv
@@ -198,6 +198,10 @@ def _dialable(peer: str, host: str) -> str:
     return peer
 
 
+# Seconds a store client whose connection was cut at the deadline gets to leave torch (see _join_store).
+CLIENT_GRACE = 5.0
+
+
 def _join_store(
     dial: str, port: int, where: str, rank: int, world_size: int, deadline: Deadline, agent_serves: bool = False
 ) -> Any:
@@ -210,15 +214,25 @@ def _join_store(
     def client() -> Any:
         return dist.TCPStore(dial, port, None, False, timedelta(seconds=deadline.remaining()))
 
-    try:
-        return client() if agent_serves else call_with_timeout(client, deadline.remaining(), "store-connect")
-    except TimeoutError:
-        raise RendezvousError(
+    def not_a_store() -> RendezvousError:
+        return RendezvousError(
             f"rank {rank}: something listens at {where} but does not answer as a rendezvous store (world size "
             f"{world_size}, waited {deadline.elapsed():.0f} s): another program holds MASTER_PORT (rank 0 then "
             "reports that it cannot listen; set MASTER_PORT to a free port), or the process serving the store is "
             "frozen (SIGSTOP, a debugger) or swapping"
-        ) from None
+        )
+
+    try:
+        if agent_serves:
+            return client()
+        # At the deadline torch's client can still be retrying a listener that answers in another protocol (a
+        # web server on the port). Left inside torch while this rank exits, its thread aborts the process once
+        # torch gives up ("terminate called without an active exception", status 134): cut its connection and
+        # let it end first.
+        return call_with_timeout(client, deadline.remaining(), "store-connect", grace=CLIENT_GRACE,
+                                 unblock=lambda: store_watchdog.cut_connections({(dial, port)}))
+    except TimeoutError:
+        raise not_a_store() from None
     except RuntimeError as exc:
         if agent_serves:
             raise RendezvousError(

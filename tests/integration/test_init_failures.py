@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import signal
 import socket
 import subprocess
+import threading
 import time
 
 import pytest
@@ -292,6 +294,41 @@ def test_busy_master_port_is_an_error_not_a_hang():
                      r"rendezvous store \(world size 2, waited \d+ s\): another program holds MASTER_PORT",
                      rank1.stderr), rank1.stderr
     assert "set MASTER_PORT to a free port" in rank1.stderr
+
+
+def answers_in_another_protocol(server: socket.socket, stop: "threading.Event") -> None:
+    """A web server squatting on the master port: each connection gets an HTTP error after a moment."""
+    server.settimeout(0.2)
+    while not stop.is_set():
+        try:
+            conn, _ = server.accept()
+        except OSError:
+            continue
+        with conn:
+            time.sleep(0.3)
+            with contextlib.suppress(OSError):
+                conn.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+
+
+def test_a_program_answering_in_another_protocol_on_the_port_ends_each_rank_with_the_error_not_an_abort():
+    # torch's client retries such a listener past its own timeout; its thread, left inside torch while the rank
+    # exited, aborted the process ("terminate called without an active exception", status 134) in about half
+    # the runs, after the right message. The rank now cuts that connection and lets the thread end first.
+    stop = threading.Event()
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+        squatter = threading.Thread(target=answers_in_another_protocol, args=(server, stop), daemon=True)
+        squatter.start()
+        try:
+            results = finish(start_ranks([1] * 6, 2, port, SLURMDIST_INIT_TIMEOUT="3"))
+        finally:
+            stop.set()
+            squatter.join(timeout=5)
+    for result in results:
+        assert result.returncode == 1, (result.returncode, result.stderr[-2000:])
+        assert "terminate called" not in result.stderr
+        assert re.search(rf"RendezvousError: rank 1:? (something listens at|reached) 127\.0\.0\.1:{port}",
+                         result.stderr), result.stderr[-2000:]
 
 
 GIVES_BACK = """

@@ -28,6 +28,35 @@ def test_a_call_past_its_bound_is_left_running_and_named():
     release.set()
 
 
+def test_a_call_past_its_bound_is_unblocked_until_it_ends_within_the_grace():
+    # A call that retries (torch's store client reconnecting): one unblock is not enough, so it is repeated,
+    # and the TimeoutError comes once the call has ended, not while it still runs.
+    attempts = []
+    unblocked = threading.Event()
+    ended = threading.Event()
+
+    def retrying():
+        for attempt in range(3):  # each attempt "connects" anew and blocks until unblocked
+            attempts.append(attempt)
+            unblocked.wait(30)
+            unblocked.clear()
+        ended.set()
+
+    with pytest.raises(TimeoutError, match="store-connect took longer than 0.1 s"):
+        background.call_with_timeout(retrying, 0.1, "store-connect", unblock=unblocked.set, grace=10)
+    assert ended.is_set() and attempts == [0, 1, 2]
+
+
+def test_the_grace_bounds_a_call_that_no_unblock_ends():
+    release = threading.Event()
+    calls = []
+    with pytest.raises(TimeoutError):
+        background.call_with_timeout(lambda: release.wait(30), 0.1, "stuck", unblock=lambda: calls.append(1),
+                                     grace=0.3)
+    release.set()
+    assert 2 <= len(calls) <= 0.3 / background.UNBLOCK_EVERY + 1  # repeated, then given up at the grace
+
+
 def test_a_started_function_runs_with_its_arguments():
     seen = []
     done = threading.Event()
