@@ -171,20 +171,34 @@ def _start_group(env: DistEnv, deadline: bounds.Deadline, environ: Mapping[str, 
         _choose_loopback(env, environ)
         _init_group(env, dist.HashStore(), "slurmdist/single", collective)
         return env
-    if rendezvous.serves_store(env, environ):  # the store lives in this process: frozen, so is this rank
-        return _meet(env, deadline, environ, collective)
-    watchdog = StoreWatchdog(deadline.remaining() + watchdog_grace(env.world_size), deadline.endpoints)
+    # The store living in this process (rank 0's) cannot freeze without this rank: no deadline cut for it, only
+    # the one at Ctrl-C or SIGTERM, whose handler Python runs only once torch's wait returns.
+    serves_here = rendezvous.serves_store(env, environ)
+    watchdog = StoreWatchdog(None if serves_here else deadline.remaining() + watchdog_grace(env.world_size),
+                             deadline.endpoints)
     try:
         with watchdog.running():
             formed = _meet(env, deadline, environ, collective)
     except (rendezvous.RendezvousError, RuntimeError):
-        if not watchdog.cut:
+        if not (watchdog.cut or watchdog.signal):
             raise
-        raise rendezvous.store_stopped_answering(env, deadline) from None
-    if watchdog.cut:  # it cut as the group formed: nccl's first collective and new_group() would fail on it
+        raise _cut_error(env, deadline, watchdog) from None
+    if watchdog.cut or watchdog.signal:  # cut as the group formed: its first collective and new_group() would fail
         dist.destroy_process_group()
-        raise rendezvous.store_stopped_answering(env, deadline)
+        raise _cut_error(env, deadline, watchdog)
     return formed
+
+
+def _cut_error(env: DistEnv, deadline: bounds.Deadline, watchdog: StoreWatchdog) -> rendezvous.RendezvousError:
+    """Why the watchdog cut the store connections under this rank's rendezvous."""
+    if watchdog.signal is None:
+        return rendezvous.store_stopped_answering(env, deadline)
+    # A handler that raises (Ctrl-C's) ended init() already: this one returned.
+    return rendezvous.RendezvousError(
+        f"rank {env.rank}: init() stopped waiting for the rendezvous (world size {env.world_size}) when "
+        f"{watchdog.signal.name} arrived: its handler returned, but the store connection cut to let it run "
+        "cannot carry the rendezvous on"
+    )
 
 
 def _refuse_start_from_a_pty_shell(env: DistEnv, environ: Mapping[str, str]) -> None:

@@ -178,9 +178,11 @@ def open_store(
     if serve:
         ipv6 = store_server.ipv6_clients(master_addr or host)
         try:
-            return store_server.serve_here(port, deadline.remaining(), ipv6=ipv6), None
+            store = store_server.serve_here(port, deadline.remaining(), ipv6=ipv6)
         except RuntimeError as exc:
             raise RendezvousError(f"rank 0 cannot host the rendezvous store at {where}: {exc}") from None
+        deadline.endpoints.add((LOOPBACK, store.port))  # its own client's connection (what a Ctrl-C cuts)
+        return store, None
     # Polled even under an agent: slurmdist run's store host listens from rank 0's task, which srun starts
     # beside the others, not before them.
     peer = wait_listening(host, port, deadline, world_size, candidates, rank=rank)

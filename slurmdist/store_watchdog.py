@@ -5,7 +5,8 @@ the store to cancel it and then waits for that reply with no bound, and `add` or
 the request never return. A store whose process is frozen (SIGSTOP, Ctrl-Z, a debugger), swapping, or behind a
 network partition never replies, so the ranks that had joined hang inside `init_process_group()`. At the
 rendezvous deadline plus a grace, the watchdog shuts down this process's connections to the store's address and
-port (the endpoints the rendezvous registered on its `Deadline`); the blocked call then fails at once.
+port (the endpoints the rendezvous registered on its `Deadline`); the blocked call then fails at once. The same
+thread cuts them at once on Ctrl-C or SIGTERM (signal_cut), whose handler Python could not run meanwhile.
 
 Linux only (the open sockets are found through /proc/self/fd); elsewhere nothing is cut.
 """
@@ -14,12 +15,16 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import socket
 import threading
+import time
 from typing import Callable, Iterator, Optional, Set, Tuple
 
 from . import background
+from .bounds import readable_within
 from .interfaces import ip_of
+from .signal_cut import stopping, wakeup_pipe
 
 FD_DIR = "/proc/self/fd"
 Endpoint = Tuple[str, int]  # (IP address, port)
@@ -94,30 +99,61 @@ def cut_connections(endpoints: Set[Endpoint]) -> int:
 
 
 class StoreWatchdog:
-    """Cuts the connections to `endpoints` if the rendezvous is still running `seconds` after it starts.
+    """Cuts the connections to `endpoints` if the rendezvous is still running `seconds` after it starts (None:
+    never), and at once when a stopping signal (Ctrl-C, SIGTERM: see signal_cut) arrives meanwhile.
     `endpoints` is shared with the rendezvous, which adds a store's address once it dials it. `cut` says how
-    many connections it shut down (it no longer changes once `running()` has ended)."""
+    many connections the deadline shut down, `signal` which signal cut them (neither changes once `running()`
+    has ended)."""
 
-    def __init__(self, seconds: float, endpoints: Optional[Set[Endpoint]] = None) -> None:
+    def __init__(self, seconds: Optional[float], endpoints: Optional[Set[Endpoint]] = None) -> None:
         self.seconds = seconds
         self.endpoints: Set[Endpoint] = endpoints if endpoints is not None else set()
         self.cut = 0
+        self.signal: Optional[signal.Signals] = None
         self._lock = threading.Lock()  # the rendezvous ending and the watchdog cutting exclude each other
         self._ended = threading.Event()
 
-    def _watch(self) -> None:
-        if self._ended.wait(self.seconds):
-            return
+    def _watch(self, pipe: Optional[Tuple[int, int]]) -> None:
+        if pipe is None:
+            if self._ended.wait(self.seconds):
+                return
+        else:
+            read_end, previous = pipe
+            try:
+                if not self._hear_signals(read_end, previous):
+                    return
+            finally:
+                os.close(read_end)
         with self._lock:
             if not self._ended.is_set():
                 self.cut = cut_connections(set(self.endpoints))
 
+    def _hear_signals(self, read_end: int, previous: int) -> bool:
+        """Read the signal wake-up pipe, cutting at each stopping signal, until the rendezvous ends (False: the
+        pipe's write end closed) or `seconds` have passed (True)."""
+        end = None if self.seconds is None else time.monotonic() + self.seconds
+        while True:
+            if not readable_within(read_end, None if end is None else max(0.0, end - time.monotonic())):
+                return True
+            try:
+                received = os.read(read_end, 64)
+            except OSError:
+                return False
+            if not received:
+                return False
+            heard = stopping(received, previous)
+            if heard is not None:
+                self.signal = heard
+                cut_connections(set(self.endpoints))
+
     @contextlib.contextmanager
     def running(self) -> Iterator["StoreWatchdog"]:
-        # Not threading.Timer: its start() waits for the thread to be scheduled, milliseconds on busy cores.
-        background.start(self._watch)
-        try:
-            yield self
-        finally:
-            with self._lock:
-                self._ended.set()
+        with wakeup_pipe() as pipe:
+            if pipe is not None or self.seconds is not None:
+                # Not threading.Timer: its start() waits for the thread to be scheduled, milliseconds on busy cores.
+                background.start(self._watch, pipe)
+            try:
+                yield self
+            finally:
+                with self._lock:
+                    self._ended.set()

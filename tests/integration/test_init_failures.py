@@ -331,6 +331,50 @@ def test_a_program_answering_in_another_protocol_on_the_port_ends_each_rank_with
                          result.stderr), result.stderr[-2000:]
 
 
+WAITS_FOR_A_MISSING_RANK = """
+import os, signal, sys
+import slurmdist
+handler = os.environ["HANDLER"]
+if handler == "exit":  # a handler that saves and exits, as a job's SIGTERM handler does
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+elif handler == "return":  # one that only takes note
+    signal.signal(signal.SIGTERM, lambda *_: print("noted", flush=True))
+slurmdist.init()
+print("formed", flush=True)
+"""
+
+
+@pytest.mark.parametrize("rank, world, sig, handler, status, says", [
+    (0, 2, signal.SIGINT, "", -signal.SIGINT, "KeyboardInterrupt"),  # Ctrl-C on the rank serving the store
+    (1, 3, signal.SIGINT, "", -signal.SIGINT, "KeyboardInterrupt"),  # and on one that joined it
+    (0, 2, signal.SIGTERM, "exit", 143, ""),
+    (1, 3, signal.SIGTERM, "return", 1, "init() stopped waiting for the rendezvous (world size 3) when SIGTERM "
+                                         "arrived: its handler returned"),
+], ids=["ctrl-c rank 0", "ctrl-c rank 1", "sigterm handler exits", "sigterm handler returns"])
+def test_ctrl_c_and_sigterm_end_a_rank_waiting_inside_torch_for_a_missing_one(rank, world, sig, handler, status, says):
+    # The waiting rank sat in torch's store client, where Python runs no handler, until the init timeout (here
+    # 120 s) ran out: Ctrl-C did nothing, and a SIGTERM handler that saves and exits ran minutes late.
+    port = free_port()
+    present = list(range(world - 1))  # the last rank never comes
+    procs = {r: subprocess.Popen([PYTHON, "-c", WAITS_FOR_A_MISSING_RANK], stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True,
+                                 env=rank_environ(r, world, port, SLURMDIST_INIT_TIMEOUT="120", HANDLER=handler))
+             for r in present}
+    try:
+        wait_until_checked_in(port, rank_environ(0, world, port), present, timeout=60)
+        procs[rank].send_signal(sig)
+        signalled = time.monotonic()
+        out, err = procs[rank].communicate(timeout=60)  # without the cut: the 120 s timeout, then this expires
+        took = time.monotonic() - signalled
+    finally:
+        for proc in procs.values():
+            proc.kill()
+            proc.communicate()
+    assert procs[rank].returncode == status, err[-3000:]
+    assert says in err and "formed" not in out, err[-3000:]
+    assert took < 30, took  # a bound on the old wait (120 s), not a timing claim: seconds on a busy machine
+
+
 GIVES_BACK = """
 import json, os, socket
 import slurmdist

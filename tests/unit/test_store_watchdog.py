@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import threading
 import time
@@ -10,6 +11,8 @@ from typing import Iterator, Tuple
 
 import pytest
 
+from slurmdist.bounds import readable_within
+from slurmdist.signal_cut import wakeup_pipe
 from slurmdist.store_watchdog import StoreWatchdog, cut_connections, normalized, socket_fds
 from tests.conftest import missing_prerequisite
 
@@ -138,3 +141,71 @@ def test_endpoints_registered_while_running_are_watched(silent_peer):
         endpoints.add(("127.0.0.1", port))  # the rendezvous dials the store after the watchdog started
         thread.join(BOUND)
     assert watchdog.cut == 1
+
+
+@pytest.fixture
+def sigterm_noted() -> Iterator[list]:
+    """A SIGTERM handler that only takes note, as a job's checkpoint flag does (restored afterwards)."""
+    noted: list = []
+    previous = signal.signal(signal.SIGTERM, lambda number, _: noted.append(number))
+    yield noted
+    signal.signal(signal.SIGTERM, previous)
+
+
+@pytest.mark.parametrize("seconds", [None, BOUND], ids=["rank 0's own store: no deadline", "a joined store"])
+def test_a_stopping_signal_cuts_at_once(silent_peer, sigterm_noted, seconds):
+    # The main thread blocks inside torch's store client, where Python runs no handler until the wait ends.
+    client, port = silent_peer
+    thread, box = blocked_recv(client)
+    watchdog = StoreWatchdog(seconds, {("127.0.0.1", port)})
+    with watchdog.running():
+        os.kill(os.getpid(), signal.SIGTERM)
+        thread.join(BOUND)
+    assert not thread.is_alive() and box.get("data") == b""  # cut: the blocked read returned
+    assert watchdog.signal == signal.SIGTERM and watchdog.cut == 0 and sigterm_noted == [signal.SIGTERM]
+
+
+def test_a_requeue_warning_is_no_stopping_signal(silent_peer):
+    client, port = silent_peer
+    thread, _ = blocked_recv(client)
+    noted: list = []
+    previous = signal.signal(signal.SIGUSR2, lambda number, _: noted.append(number))
+    try:
+        watchdog = StoreWatchdog(None, {("127.0.0.1", port)})
+        with watchdog.running():
+            os.kill(os.getpid(), signal.SIGUSR2)  # `--signal=USR2@120`: save at the next step, and go on
+            thread.join(0.5)
+            assert thread.is_alive()  # the wait goes on
+    finally:
+        signal.signal(signal.SIGUSR2, previous)
+    assert watchdog.signal is None and noted == [signal.SIGUSR2]
+    cut_connections({("127.0.0.1", port)})
+    thread.join(BOUND)
+
+
+def test_the_wakeup_descriptor_it_replaced_still_hears_every_signal(sigterm_noted):
+    # An asyncio loop in the main thread set its own: it is back afterwards, and got the byte meanwhile.
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)
+    previous = signal.set_wakeup_fd(write_end)
+    try:
+        with StoreWatchdog(None).running():
+            os.kill(os.getpid(), signal.SIGTERM)
+            assert readable_within(read_end, BOUND) and os.read(read_end, 8) == bytes([signal.SIGTERM])
+        assert signal.set_wakeup_fd(previous) == write_end
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+
+
+def test_outside_the_main_thread_nothing_hears_signals():
+    seen: dict = {}
+
+    def other() -> None:
+        with wakeup_pipe() as pipe:
+            seen["pipe"] = pipe
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    thread.join(BOUND)
+    assert seen == {"pipe": None}
