@@ -36,7 +36,7 @@ READERS: Dict[str, Reader] = {
     "flux": flux.read,
 }
 
-FORCE_VARIABLE = "SLURMDIST_LAUNCHER"
+FORCE_VARIABLE = slurm.OVERRIDE_VARIABLE
 
 
 def detect(environ: Optional[Mapping[str, str]] = None) -> DistEnv:

@@ -49,6 +49,9 @@ STEP_VARIABLES_DISAGREE = f"the step variables contradict each other. {STEP_VARI
 HET_SIZE_VARIABLES = ("SLURM_HET_SIZE", "SLURM_PACK_SIZE")
 FIRST_COMPONENT_NODELIST = ("SLURM_JOB_NODELIST_HET_GROUP_0", "SLURM_JOB_NODELIST_PACK_GROUP_0")
 HOSTFILE_VARIABLE = "SLURM_HOSTFILE"
+OVERRIDE_VARIABLE = "SLURMDIST_LAUNCHER"  # detection's override; `slurm` takes the step as it stands
+LEFT_OVER_ADVICE = ("unset them where the job is submitted, or at the top of its script (bash: `unset "
+                    "${!SLURM_STEP_@} SLURM_STEPID`)")
 
 
 def step_id(environ: Mapping[str, str]) -> Optional[str]:
@@ -113,8 +116,7 @@ def read_step(environ: Mapping[str, str]) -> Optional[DistEnv]:
             layout_name,
             environ[layout_name],
         )
-    _check_step_fits_job(environ, world_name, world_size, "tasks", ("SLURM_NTASKS", "SLURM_NPROCS"))
-    _check_step_fits_job(environ, nodes_name, num_nodes, "nodes", ("SLURM_NNODES",))
+    _check_step_fits_job(environ, world_name, world_size, nodes_name, num_nodes)
     check_index("srun", "SLURM_PROCID", rank, world_name, world_size)
     check_index("srun", "SLURM_NODEID", node_rank, nodes_name, num_nodes)
     master_addr, master_port = explicit_master(environ)
@@ -148,29 +150,50 @@ def read_step(environ: Mapping[str, str]) -> Optional[DistEnv]:
     )
 
 
-def _check_step_fits_job(environ: Mapping[str, str], step_name: str, step_count: int, what: str,
-                         job_names: Tuple[str, ...]) -> None:
-    """A step's task or node count (`step_name`) is at most what `job_names` say. srun sets those to the step's
-    own count (`srun --preserve-env`: leaves the job's), so more in the step means its variables are left over:
-    `sbatch` and `salloc` pass the environment on, and a job submitted from inside an srun task (rank 0
-    submitting an evaluation job) inherits that task's SLURM_STEP_* beside its own job's variables. Read as
-    they stand, its batch script would be rank 0 of the old step and wait out its timeout for ranks that
-    never come."""
-    if not step_name.startswith("SLURM_STEP_"):
+def _check_step_fits_job(environ: Mapping[str, str], world_name: str, world_size: int, nodes_name: str,
+                         num_nodes: int) -> None:
+    """Step variables left over from another job's srun task. `sbatch` and `salloc` pass the environment on, so a
+    job submitted from inside an srun task (rank 0 submitting an evaluation job) starts with that task's
+    SLURM_STEP_* beside its own job's variables, and its batch script would read as rank 0 of the old step and
+    wait out its timeout for ranks that never come. srun sets SLURM_NNODES and SLURM_NTASKS to its step's own
+    counts, except under `--preserve-env` (-E), which leaves the job's: a job has at least as many nodes as any
+    of its steps, so more nodes in the step is an error; a step may run more tasks than the job's --ntasks
+    (spare CPUs, --overcommit), so more tasks is a warning. `SLURMDIST_LAUNCHER=slurm` takes the step as it
+    stands (a nested `srun -E` inside a smaller step)."""
+    if environ.get(OVERRIDE_VARIABLE, "").strip() == "slurm":
         return
+    nodes = _step_above_job(environ, nodes_name, num_nodes, ("SLURM_NNODES",))
+    if nodes is not None:
+        raise LaunchError(
+            f"srun: {nodes}: a step never spans more nodes than its job, and srun sets SLURM_NNODES to its step's "
+            "own (--preserve-env: to the job's), so the SLURM_STEP_* variables are left over from another srun "
+            f"step: this job was submitted (sbatch, salloc) from inside an srun task, which passed its environment "
+            f"on; {LEFT_OVER_ADVICE}. To start several tasks, use srun in the job script (SLURMDIST_LAUNCHER=slurm "
+            "takes the step as it stands)",
+            nodes_name,
+            str(num_nodes),
+        )
+    tasks = _step_above_job(environ, world_name, world_size, ("SLURM_NTASKS", "SLURM_NPROCS"))
+    if tasks is not None:
+        warn_once(
+            f"slurmdist: {tasks}: srun sets both to the step's task count, except under --preserve-env (-E). If "
+            "this job was submitted from inside an srun task, the SLURM_STEP_* variables are left over from that "
+            f"step and this process would wait for ranks that never come: {LEFT_OVER_ADVICE}. "
+            "SLURMDIST_LAUNCHER=slurm silences this",
+            __file__,
+        )
+
+
+def _step_above_job(environ: Mapping[str, str], step_name: str, step_count: int,
+                    job_names: Tuple[str, ...]) -> Optional[str]:
+    """'STEP=n but JOB=m' when the step's own variable `step_name` counts more than the first of `job_names`
+    that is set; else None."""
+    if not step_name.startswith("SLURM_STEP_"):
+        return None
     found = first_count(environ, job_names, minimum=1)
     if found is None or step_count <= found[1]:
-        return
-    job_name, job_count = found
-    raise LaunchError(
-        f"srun: {step_name}={step_count} but {job_name}={job_count}: srun sets both to the step's {what}, and a "
-        f"step never has more {what} than its job, so the SLURM_STEP_* variables are left over from another "
-        "srun step: this job was submitted (sbatch, salloc) from inside an srun task, and passed its "
-        "environment on. Unset them where the job is submitted or at the top of its script (bash: `unset "
-        "${!SLURM_STEP_@} SLURM_STEPID`); to start several tasks, use srun in the job script",
-        step_name,
-        str(step_count),
-    )
+        return None
+    return f"{step_name}={step_count} but {found[0]}={found[1]}"
 
 
 def _heterogeneous_step_nodes(environ: Mapping[str, str]) -> Optional[List[str]]:

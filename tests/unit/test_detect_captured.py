@@ -14,7 +14,7 @@ from typing import Dict, List, Tuple
 
 import pytest
 
-from slurmdist import DistEnv, LaunchError, RendezvousError, detect, hostlist
+from slurmdist import DistEnv, LaunchError, RendezvousError, detect, hostlist, notices
 from slurmdist.hosts import hostfile_master
 from tests.conftest import FIXTURES, load_case
 
@@ -390,19 +390,32 @@ def test_a_batch_script_submitted_from_an_srun_task_refuses_the_step_variables_i
     # the old step's SLURM_STEP_* beside its own job's variables. Read as they stand it was rank 0 of 2, and
     # init() waited its whole timeout for a rank 1 that never comes.
     (environ,) = load_case("slurm/sbatch_from_srun_task_batchstep")
-    assert environ["SLURM_STEP_NUM_TASKS"] == "2" and environ["SLURM_NTASKS"] == "1"
+    assert environ["SLURM_STEP_NUM_NODES"] == "2" and environ["SLURM_NNODES"] == "1"
     with pytest.raises(LaunchError) as raised:
         detect(environ)
     message = str(raised.value)
-    assert "SLURM_STEP_NUM_TASKS=2 but SLURM_NTASKS=1" in message and "unset ${!SLURM_STEP_@} SLURM_STEPID" in message
-    assert raised.value.variable == "SLURM_STEP_NUM_TASKS"
+    assert "SLURM_STEP_NUM_NODES=2 but SLURM_NNODES=1" in message and "unset ${!SLURM_STEP_@} SLURM_STEPID" in message
+    assert (raised.value.variable, raised.value.value) == ("SLURM_STEP_NUM_NODES", "2")
     # What the advice leaves is the batch script of a one-task job: one process.
     unset = {name: value for name, value in environ.items() if not name.startswith("SLURM_STEP")}
     assert (detect(unset).launcher, detect(unset).world_size) == ("single", 1)
-    # The node counts say it too, when the task counts agree.
-    nodes_only = {**environ, "SLURM_NTASKS": "2", "SLURM_NPROCS": "2"}
-    with pytest.raises(LaunchError, match="SLURM_STEP_NUM_NODES=2 but SLURM_NNODES=1"):
-        detect(nodes_only)
+    # SLURMDIST_LAUNCHER=slurm takes the step as it stands (a nested `srun -E` inside a smaller step).
+    assert detect({**environ, "SLURMDIST_LAUNCHER": "slurm"}).world_size == 2
+
+
+def test_more_tasks_in_the_step_than_the_job_says_is_only_a_warning_as_srun_preserve_env_makes_it(caplog):
+    # `srun -E -n8 -c1` in a job of `-n2 -c4`: a real step whose tasks see the job's SLURM_NTASKS=2. A one-node
+    # job submitted from a one-node step of several tasks looks the same, so a warning, not an error.
+    caplog.set_level(logging.WARNING, logger="slurmdist")
+    tasks = load_case("slurm/srun_preserve_env_n8_in_n2_job")
+    assert {(t["SLURM_STEP_NUM_TASKS"], t["SLURM_NTASKS"]) for t in tasks} == {("8", "2")}
+    assert sorted(detect(task).rank for task in tasks) == list(range(8))
+    warned = [r.getMessage() for r in caplog.records if "SLURM_STEP_NUM_TASKS=8 but SLURM_NTASKS=2" in r.getMessage()]
+    assert len(warned) == 1 and "--preserve-env (-E)" in warned[0] and "SLURMDIST_LAUNCHER=slurm silences" in warned[0]
+    caplog.clear()
+    notices.forget()
+    assert detect({**tasks[5], "SLURMDIST_LAUNCHER": "slurm"}).rank == 5
+    assert "but SLURM_NTASKS" not in caplog.text
 
 
 def test_a_step_that_srun_started_in_another_job_is_read_as_that_step():
@@ -412,14 +425,6 @@ def test_a_step_that_srun_started_in_another_job_is_read_as_that_step():
     assert environ["SLURM_JOB_NODELIST"] != environ["SLURM_STEP_NODELIST"]
     env = detect(environ)
     assert (env.launcher, env.world_size, env.master_addr) == ("slurm", 1, environ["SLURMD_NODENAME"])
-
-
-@pytest.mark.parametrize("tasks, nodes", [("4", "2"), ("3", "3")])
-def test_srun_preserve_env_keeps_the_jobs_larger_counts_which_are_no_contradiction(tasks, nodes):
-    # `srun -E` leaves SLURM_NTASKS and SLURM_NNODES as the job's, which are at least the step's.
-    environ = {**load_case("slurm/srun_N2_n3")[0], "SLURM_NTASKS": tasks, "SLURM_NPROCS": tasks,
-               "SLURM_NNODES": nodes}
-    assert detect(environ).world_size == 3
 
 
 def test_an_exclusive_job_without_a_task_count_is_one_process():
