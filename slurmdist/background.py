@@ -46,13 +46,23 @@ def call_with_timeout(function: Callable[[], Any], timeout: float, what: str, *,
             done.set()
 
     start(run)
-    if not done.wait(timeout):
-        end = time.monotonic() + grace
-        # Again and again: a call that retries (torch's store client) opens a new connection each time.
-        while unblock is not None and not done.is_set() and time.monotonic() < end:
-            unblock()
-            done.wait(UNBLOCK_EVERY)
+    try:
+        finished = done.wait(timeout)
+    except BaseException:  # Ctrl-C (KeyboardInterrupt) during the wait: the process is on its way out too
+        _unblock(done, unblock, grace)
+        raise
+    if not finished:
+        _unblock(done, unblock, grace)
         raise TimeoutError(f"{what} took longer than {timeout:.1f} s")
     if "error" in box:
         raise box.pop("error")  # the box no longer holds it: its frames (this call's) and it are no cycle
     return box["value"]
+
+
+def _unblock(done: threading.Event, unblock: Optional[Callable[[], Any]], grace: float) -> None:
+    """Call `unblock` until the call it unblocks is `done`, for `grace` seconds at most: again and again, since a
+    call that retries (torch's store client) opens a new connection each time."""
+    end = time.monotonic() + grace
+    while unblock is not None and not done.is_set() and time.monotonic() < end:
+        unblock()
+        done.wait(UNBLOCK_EVERY)

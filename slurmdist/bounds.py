@@ -80,7 +80,8 @@ def positive_seconds(source: str, value: Any, error: Callable[[str], Exception])
         # A timedelta, as torch's own init_process_group(timeout=...) takes one.
         seconds = value.total_seconds() if isinstance(value, timedelta) else float(value)
     except (TypeError, ValueError):
-        raise error(f"{source}={value!r} is not a number of seconds; give one such as 300 (or a timedelta), "
+        given_in_code = "" if isinstance(value, str) else " (or a timedelta)"  # a variable or option is text
+        raise error(f"{source}={value!r} is not a number of seconds; give one such as 300{given_in_code}, "
                     f"positive and at most {MAX_SECONDS:.0f} (a year)") from None
     if not 0 < seconds <= MAX_SECONDS:
         raise error(f"{source}={value!r} must be a positive number of seconds, at most {MAX_SECONDS:.0f} "

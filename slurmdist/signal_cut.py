@@ -25,24 +25,27 @@ STOPPING = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
 @contextlib.contextmanager
 def wakeup_pipe() -> Iterator[Optional[Tuple[int, int]]]:
     """(read end, the wake-up descriptor it replaced, -1 for none) while the signal wake-up byte goes to a pipe;
-    None where it cannot (not the main thread, which alone receives Python's signals). On leaving, the previous
-    descriptor is back and the write end is closed: the reader sees the end of the pipe, and closes its end."""
+    None where it cannot (not the main thread, which alone receives Python's signals). The reader closes the
+    read end; on leaving, the previous descriptor is back and the write end is closed, so the reader sees the
+    end of the pipe. A previous descriptor comes back with CPython's default `warn_on_full_buffer=True` (no
+    call tells how it was set)."""
     if threading.current_thread() is not threading.main_thread():
         yield None
         return
     read_end, write_end = os.pipe()
     os.set_blocking(write_end, False)  # the C-level handler must never block on it
+    previous: Optional[int] = None
     try:
-        previous = signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
-    except (ValueError, OSError):  # an embedded interpreter without signal handling
-        os.close(read_end)
-        os.close(write_end)
-        yield None
-        return
-    try:
+        try:
+            previous = signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+        except (ValueError, OSError):  # an embedded interpreter without signal handling
+            os.close(read_end)
+            yield None
+            return
         yield read_end, previous
     finally:
-        signal.set_wakeup_fd(previous)
+        if previous is not None:
+            signal.set_wakeup_fd(previous)
         os.close(write_end)
 
 

@@ -115,45 +115,59 @@ class StoreWatchdog:
 
     def _watch(self, pipe: Optional[Tuple[int, int]]) -> None:
         if pipe is None:
-            if self._ended.wait(self.seconds):
-                return
-        else:
-            read_end, previous = pipe
-            try:
-                if not self._hear_signals(read_end, previous):
-                    return
-            finally:
-                os.close(read_end)
-        with self._lock:
-            if not self._ended.is_set():
-                self.cut = cut_connections(set(self.endpoints))
+            if not self._ended.wait(self.seconds):
+                self._cut(None)
+            return
+        read_end, previous = pipe
+        try:
+            self._hear_signals(read_end, previous)
+        finally:
+            os.close(read_end)
 
-    def _hear_signals(self, read_end: int, previous: int) -> bool:
-        """Read the signal wake-up pipe, cutting at each stopping signal, until the rendezvous ends (False: the
-        pipe's write end closed) or `seconds` have passed (True)."""
+    def _hear_signals(self, read_end: int, previous: int) -> None:
+        """Read the signal wake-up pipe until the rendezvous ends (its write end closes), cutting at each
+        stopping signal, and once at the deadline. Read to the end: CPython's C handler writes to the pipe as
+        long as it is the wake-up descriptor, and one without a reader is an EPIPE (or a SIGPIPE) there."""
         end = None if self.seconds is None else time.monotonic() + self.seconds
         while True:
             if not readable_within(read_end, None if end is None else max(0.0, end - time.monotonic())):
-                return True
+                self._cut(None)
+                end = None
+                continue
             try:
                 received = os.read(read_end, 64)
             except OSError:
-                return False
+                return
             if not received:
-                return False
+                return
             heard = stopping(received, previous)
             if heard is not None:
+                self._cut(heard)
+
+    def _cut(self, heard: Optional[signal.Signals]) -> None:
+        """Cut the connections, for the deadline (None) or a stopping signal, unless the rendezvous has ended:
+        then the connection is the formed group's."""
+        with self._lock:
+            if self._ended.is_set():
+                return
+            if heard is None:
+                self.cut = cut_connections(set(self.endpoints))
+            else:
                 self.signal = heard
                 cut_connections(set(self.endpoints))
 
     @contextlib.contextmanager
     def running(self) -> Iterator["StoreWatchdog"]:
         with wakeup_pipe() as pipe:
-            if pipe is not None or self.seconds is not None:
-                # Not threading.Timer: its start() waits for the thread to be scheduled, milliseconds on busy cores.
-                background.start(self._watch, pipe)
+            watching = False
             try:
+                if pipe is not None or self.seconds is not None:
+                    # Not threading.Timer: its start() waits for the thread to be scheduled, ms on busy cores.
+                    background.start(self._watch, pipe)
+                    watching = True
                 yield self
             finally:
                 with self._lock:
                     self._ended.set()
+                if pipe is not None and not watching:  # no thread to read and close the pipe's end
+                    os.close(pipe[0])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 
 import pytest
@@ -68,3 +70,20 @@ def test_a_started_function_runs_with_its_arguments():
     background.start(record, "a", 2)
     assert done.wait(10)
     assert seen == [("a", 2, True)]
+
+
+def test_ctrl_c_during_a_bounded_call_unblocks_it_before_the_interrupt_goes_on():
+    # A KeyboardInterrupt out of the wait left the call (torch's store connect) running into the process's exit.
+    unblocked = threading.Event()
+    ended = threading.Event()
+
+    def blocked():
+        unblocked.wait(30)
+        ended.set()
+
+    timer = threading.Timer(0.2, lambda: os.kill(os.getpid(), signal.SIGINT))
+    timer.start()
+    with pytest.raises(KeyboardInterrupt):
+        background.call_with_timeout(blocked, 30, "store-connect", unblock=unblocked.set, grace=10)
+    timer.join()
+    assert ended.is_set()

@@ -75,8 +75,11 @@ def test_init_timeout_sources():
         init_timeout(True, {})
     # torch's own init_process_group takes a timedelta: so does init(), and the text variable says what it takes.
     assert init_timeout(timedelta(minutes=2), {}) == 120
-    with pytest.raises(RendezvousError, match=r"'soon' is not a number of seconds; give one such as 300 .*a year"):
-        init_timeout(None, {"SLURMDIST_INIT_TIMEOUT": "soon"})
+    with pytest.raises(RendezvousError, match=r"'soon' is not a number of seconds; give one such as 300, .*a year"):
+        init_timeout(None, {"SLURMDIST_INIT_TIMEOUT": "soon"})  # text: a timedelta is no option there
+    with pytest.raises(RendezvousError, match=r"timeout=\[300\] is not a number of seconds; give one such as 300 "
+                                              r"\(or a timedelta\)"):
+        init_timeout([300], {})
     with pytest.raises(RendezvousError, match="timeout=datetime.timedelta.* must be a positive number of seconds"):
         init_timeout(timedelta(0), {})
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from typing import Iterator, Tuple
@@ -209,3 +211,40 @@ def test_outside_the_main_thread_nothing_hears_signals():
     thread.start()
     thread.join(BOUND)
     assert seen == {"pipe": None}
+
+
+def test_a_signal_as_the_rendezvous_ends_leaves_the_formed_groups_connection_alone(silent_peer, sigterm_noted):
+    # A SIGTERM whose handler returns (submitit's, a checkpoint flag), arriving in the last Python steps of the
+    # rendezvous: the watchdog thread reads it only after running() ended, and cut the group's store connection.
+    client, port = silent_peer
+    watchdog = StoreWatchdog(None, {("127.0.0.1", port)})
+    with watchdog.running():
+        os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(0.3)  # the watching thread reads the byte now
+    thread, _ = blocked_recv(client)
+    thread.join(0.2)
+    assert thread.is_alive() and watchdog.signal is None and sigterm_noted == [signal.SIGTERM]
+    cut_connections({("127.0.0.1", port)})
+    thread.join(BOUND)
+
+
+AFTER_THE_DEADLINE_CUT = """
+import os, signal, time
+from slurmdist.store_watchdog import StoreWatchdog
+signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # as command-line programs set it
+signal.signal(signal.SIGUSR1, lambda *_: None)
+with StoreWatchdog(0.1, set()).running():
+    time.sleep(0.5)  # past the deadline cut, still inside the rendezvous
+    os.kill(os.getpid(), signal.SIGUSR1)
+    time.sleep(0.2)
+print("alive", flush=True)
+"""
+
+
+def test_signals_after_the_deadline_cut_still_find_a_reader():
+    # The read end used to close at the deadline cut while the pipe stayed the wake-up descriptor: the next
+    # signal's byte then met no reader, which killed the process (SIGPIPE) or printed a BrokenPipeError.
+    result = subprocess.run([sys.executable, "-c", AFTER_THE_DEADLINE_CUT], capture_output=True, text=True,
+                            timeout=BOUND)
+    assert (result.returncode, result.stdout) == (0, "alive\n"), result.stderr
+    assert "Exception ignored" not in result.stderr
