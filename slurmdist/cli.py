@@ -340,7 +340,7 @@ def _interpreter_missing(program: str, path: str) -> Optional[Tuple[str, int]]:
     words = first[2:].split()
     interpreter = os.fsdecode(words[0]) if words else ""
     if first.rstrip(b"\n").endswith(b"\r"):  # Windows line ends: the kernel reads '/bin/bash\r' as the name
-        last = os.fsdecode(first[2:].rstrip(b"\n").split()[-1] if words else b"") + "\r"
+        last = os.fsdecode(words[-1] if words else b"") + "\r"  # split() took the carriage return off
         return (f"cannot run {program!r}: its #! line ends in a carriage return (the file has Windows line ends), so "
                 f"the kernel takes {last!r} for the {'interpreter' if len(words) <= 1 else 'last argument'}: convert "
                 f"it (dos2unix {program}, or sed -i 's/\\r$//' {program})", 127)

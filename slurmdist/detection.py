@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import Callable, Dict, Mapping, Optional
+from typing import Callable, Dict, Mapping, Optional, Tuple
 
 from .distenv import LOOPBACK, DistEnv
 from .envvars import explicit_master, require_mapping, scheduler_job_id
@@ -78,24 +78,19 @@ def _unless_stale(env: DistEnv, environ: Mapping[str, str]) -> DistEnv:
     if "TORCHELASTIC_RUN_ID" in environ:
         _warn_if_torchrun_leaves_nodes(env, environ)
         return env
-    try:
-        step = slurm.read_step(environ)
-        by_mpi = _read_mpi(environ, inside_step=step is not None)
-    except LaunchError:  # the launch's own variables are malformed: the exported ones are all there is
-        return env
+    step, by_mpi = _launch_around(environ)  # the exported ones are all there is when that launch's are malformed
     outer = step or by_mpi
     if outer is None or env.world_size > outer.world_size or _same_placement(env, outer):
         return env
     if by_mpi is not None and _same_placement(env, by_mpi):  # placed by mpirun inside the allocation
         return env
-    where = f"{outer.rank} of {outer.world_size} (local {outer.local_rank} of {outer.local_world_size})"
+    place = _place_in(outer, step is not None, environ,
+                      f" (local {outer.local_rank} of {outer.local_world_size})")
     if step is not None:
-        place = f"task {where} of srun step {slurm.step_id(environ) or '?'} of job {step.job_id}"
         advice = ("Exported once in the job script, they are the same in every task (unset them: slurmdist, and "
                   "`srun slurmdist run -- ...` for other programs, read srun's own variables instead); left over "
                   "from elsewhere, unset them")
     else:
-        place = f"rank {where} of this {outer.launcher} launch"
         advice = (f"Left over from elsewhere (an `eval \"$(slurmdist env --format shell)\"` in this shell), unset "
                   f"them: slurmdist reads {outer.launcher}'s own variables, and `mpirun slurmdist run -- ...` sets them "
                   "per rank")
@@ -239,21 +234,33 @@ def is_own_srun_task(env: DistEnv, environ: Mapping[str, str]) -> bool:
     return step is not None and _same_placement(step, env)
 
 
+def _launch_around(environ: Mapping[str, str]) -> Tuple[Optional[DistEnv], Optional[DistEnv]]:
+    """The srun step and the MPI launch this process is a task of, each None when there is none; both None
+    when their variables are malformed (for the warnings about an override, which then stand alone)."""
+    try:
+        step = slurm.read_step(environ)
+        return step, _read_mpi(environ, inside_step=step is not None)
+    except LaunchError:
+        return None, None
+
+
+def _place_in(outer: DistEnv, in_step: bool, environ: Mapping[str, str], detail: str = "") -> str:
+    """'task 1 of 4 of srun step 0 of job 7' (or 'rank 1 of 4 of this openmpi launch'), `detail` after the count."""
+    where = f"{outer.rank} of {outer.world_size}{detail}"
+    if in_step:
+        return f"task {where} of srun step {slurm.step_id(environ) or '?'} of job {outer.job_id}"
+    return f"rank {where} of this {outer.launcher} launch"
+
+
 def _warn_if_single_in_a_launch(environ: Mapping[str, str]) -> None:
     """`SLURMDIST_LAUNCHER=single` in a task of a launch of several (an srun step, MPI ranks): exported in the job
     script for one helper command, it makes every later step's tasks train alone, each rank 0 of 1 and each the
     main process writing the same files. Meant in a launch too (one independent run per task), so a warning."""
-    try:
-        step = slurm.read_step(environ)
-        outer = step or _read_mpi(environ, inside_step=step is not None)
-    except LaunchError:  # malformed launcher variables: single is what was asked for
-        return
+    step, by_mpi = _launch_around(environ)  # none when its variables are malformed: single is what was asked for
+    outer = step or by_mpi
     if outer is None or outer.world_size == 1:
         return
-    if step is not None:
-        place = f"task {outer.rank} of {outer.world_size} of srun step {slurm.step_id(environ)} of job {outer.job_id}"
-    else:
-        place = f"rank {outer.rank} of {outer.world_size} of this {outer.launcher} launch"
+    place = _place_in(outer, step is not None, environ)
     warn_once(
         f"slurmdist: {FORCE_VARIABLE}=single, but this process is {place}: each of its processes runs alone, as "
         f"rank 0 of 1 (each the main one, writing the same files). Meant for one helper command in the job script? "

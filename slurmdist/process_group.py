@@ -64,10 +64,10 @@ def init(
 ) -> DistEnv:
     """Detect the launch, pick backend and device, bind the device, form the default process group.
 
-    Returns the `DistEnv` with `device`, `device_ids` (for DDP) and `backend` filled. `timeout` (seconds or
-    a timedelta, default `SLURMDIST_INIT_TIMEOUT` or 300) bounds the whole rendezvous. A second call warns and returns the
-    same env, without using its arguments (`shutdown()` first to form another group); after the group was
-    destroyed (`shutdown()`, or your own `dist.destroy_process_group()`), `init()` forms a new one.
+    Returns the `DistEnv` with `device`, `device_ids` (for DDP) and `backend` filled. `timeout` (seconds or a
+    timedelta, default `SLURMDIST_INIT_TIMEOUT` or 300) bounds the whole rendezvous. A second call warns and
+    returns the same env, without using its arguments (`shutdown()` first to form another group); after the
+    group was destroyed (`shutdown()`, or your own `dist.destroy_process_group()`), `init()` forms a new one.
     """
     with _lock:
         if _live_env() is not None:
@@ -180,10 +180,10 @@ def _start_group(env: DistEnv, deadline: bounds.Deadline, environ: Mapping[str, 
         with watchdog.running():
             formed = _meet(env, deadline, environ, collective)
     except (rendezvous.RendezvousError, RuntimeError):
-        if not (watchdog.cut or watchdog.signal):
+        if not watchdog.has_cut:
             raise
         raise _cut_error(env, deadline, watchdog) from None
-    if watchdog.cut or watchdog.signal:  # cut as the group formed: its first collective and new_group() would fail
+    if watchdog.has_cut:  # cut as the group formed: its first collective and new_group() would fail on it
         dist.destroy_process_group()
         raise _cut_error(env, deadline, watchdog)
     return formed

@@ -82,7 +82,8 @@ class JobSpec:
     share_devices: bool = False  # let more ranks than devices share a node's GPUs/NPUs (SLURMDIST_SHARE_DEVICES)
     setup: Tuple[str, ...] = ()  # shell lines before the launch (module load, source a venv): shell on purpose
     mem: Optional[str] = None  # memory per node, with its unit (32G)
-    extra: Tuple[Tuple[str, Optional[str]], ...] = ()  # other #SBATCH options: (name, value), None for a flag
+    # Other #SBATCH options: (name, value), None for a flag; `validate` spells the names with dashes, as sbatch.
+    extra: Tuple[Tuple[str, Optional[str]], ...] = ()
 
 
 # --- validation ------------------------------------------------------------------------------------------
@@ -122,8 +123,9 @@ def validate(spec: JobSpec) -> JobSpec:
     _check("output", spec.output, _PATH, "_ . / % + - (%x job name, %j job id)")
     _check_mem(spec.mem)
     for name, value in spec.extra:
-        _check_extra(name, value)
-    job_wide = [value for name, value in spec.extra if name.replace("_", "-") == "gpus"]
+        _check_extra(name, value)  # its errors quote the names as given
+    spec = replace(spec, extra=tuple((name.replace("_", "-"), value) for name, value in spec.extra))
+    job_wide = [value for name, value in spec.extra if name == "gpus"]
     if job_wide and spec.gpus_per_node and spec.device == "gpu":
         raise SbatchError(f"--sbatch gpus={job_wide[0]} beside -G {spec.gpus_per_node}: sbatch's --gpus is the job's "
                           "total and clashes with the --gpus-per-node the script writes ('Failed to ensure --gpus >= "
@@ -208,8 +210,9 @@ def managed_option(option: str, managed: Collection[str]) -> Optional[str]:
 
 
 def asks_for_devices(extra: Sequence[Tuple[str, Optional[str]]]) -> bool:
-    """Whether --sbatch options ask Slurm for GPUs or other generic resources themselves (gres=gpu:a100:4)."""
-    return any(name.replace("_", "-").startswith(("gres", "gpus", "tres-per")) for name, _ in extra)
+    """Whether --sbatch options (a validated spec's) ask Slurm for GPUs or other generic resources themselves
+    (gres=gpu:a100:4)."""
+    return any(name.startswith(("gres", "gpus", "tres-per")) for name, _ in extra)
 
 
 def _check_extra(name: str, value: Optional[str]) -> None:
@@ -407,13 +410,9 @@ def _npu_gres(spec: JobSpec) -> bool:
     return bool(spec.gpus_per_node) and spec.device == "npu"
 
 
-def _is_gres(name: str) -> bool:
-    return name.replace("_", "-") == "gres"
-
-
 def _extra_gres(spec: JobSpec) -> List[str]:
     """The resources --sbatch gres=... asks for besides ('gpu:1', 'tmpdisk:10')."""
-    return [item for name, value in spec.extra if _is_gres(name) and value for item in value.split(",") if item]
+    return [item for name, value in spec.extra if name == "gres" and value for item in value.split(",") if item]
 
 
 def sbatch_options(spec: JobSpec) -> List[str]:
@@ -428,8 +427,8 @@ def sbatch_options(spec: JobSpec) -> List[str]:
     options.append(f"--time={spec.time}")
     options += [f"--{name}={value}" for name, value in (("partition", spec.partition), ("account", spec.account),
                                                         ("mem", spec.mem)) if value]
-    options += [f"--{name.replace('_', '-')}" + ("" if value is None else f"={value}") for name, value in spec.extra
-                if not (_npu_gres(spec) and _is_gres(name))]
+    options += [f"--{name}" + ("" if value is None else f"={value}") for name, value in spec.extra
+                if not (_npu_gres(spec) and name == "gres")]
     if spec.signal:  # srun only (validated): torchrun's agent and mpirun do not pass SIGUSR2 on
         options.append(f"--signal={spec.signal}")
     options.append(f"--output={spec.output}")
@@ -589,7 +588,7 @@ def workers_without_cores(spec: JobSpec) -> Optional[str]:
     workers = spec.workers_per_node or 1
     if spec.launcher != "torchrun" or spec.cpus_per_task or workers < 2:
         return None
-    if any(name.replace("_", "-") in _ASK_FOR_CORES for name, _ in spec.extra):  # asked for CPUs another way
+    if any(name in _ASK_FOR_CORES for name, _ in spec.extra):  # asked for CPUs another way
         return None
     return (f"--launcher torchrun without --cpus-per-task: each node's one task holds all {workers} torchrun "
             f"workers, and Slurm gives a task 1 CPU unless told (or the partition's default), which they would "

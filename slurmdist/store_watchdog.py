@@ -113,6 +113,11 @@ class StoreWatchdog:
         self._lock = threading.Lock()  # the rendezvous ending and the watchdog cutting exclude each other
         self._ended = threading.Event()
 
+    @property
+    def has_cut(self) -> bool:
+        """Whether the deadline or a stopping signal cut the connections under the rendezvous."""
+        return bool(self.cut or self.signal)
+
     def _watch(self, pipe: Optional[Tuple[int, int]]) -> None:
         if pipe is None:
             if not self._ended.wait(self.seconds):

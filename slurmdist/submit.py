@@ -392,7 +392,8 @@ class Submitter:
         if slurm_only:
             log.warning("slurmdist: sbatch and srun are not on PATH, so this job runs on this machine (submitit's "
                         "LocalExecutor), where %s %s nothing; load your site's Slurm module, or pass "
-                        "cluster='local' to mean it", ", ".join(slurm_only), "means" if len(slurm_only) == 1 else "mean")
+                        "cluster='local' to mean it", ", ".join(slurm_only),
+                        "means" if len(slurm_only) == 1 else "mean")
         if python is not None and (not isinstance(python, str) or not python.strip()):
             raise SubmitError(f"python={python!r} must be the interpreter command the job runs, such as "
                               "'/path/to/venv/bin/python' (None: this process's interpreter)")
