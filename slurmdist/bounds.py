@@ -59,7 +59,15 @@ def init_timeout(timeout: Union[float, timedelta, None], environ: Mapping[str, s
     """The rendezvous bound in seconds: the argument, else `SLURMDIST_INIT_TIMEOUT`, else 300."""
     if timeout is not None:
         return positive_seconds("timeout", timeout, RendezvousError)
-    return positive_seconds(TIMEOUT_VARIABLE, environ.get(TIMEOUT_VARIABLE, DEFAULT_TIMEOUT), RendezvousError)
+    return seconds_from(environ, TIMEOUT_VARIABLE, DEFAULT_TIMEOUT, RendezvousError)
+
+
+def seconds_from(environ: Mapping[str, str], variable: str, default: float,
+                 error: Callable[[str], Exception]) -> float:
+    """`variable` as a positive number of seconds, or `default` when it is unset or blank: `export VAR=` in a
+    job script means "no value" there, as for every other slurmdist variable."""
+    value = environ.get(variable, "")
+    return positive_seconds(variable, value, error) if value.strip() else default
 
 
 def timeout_knob(timeout: Union[float, timedelta, None], argument: str) -> str:

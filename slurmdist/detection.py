@@ -47,7 +47,7 @@ def detect(environ: Optional[Mapping[str, str]] = None) -> DistEnv:
     """
     environ = os.environ if environ is None else require_mapping(environ)
     forced = environ.get(FORCE_VARIABLE)
-    if forced is not None:
+    if forced is not None and forced.strip():  # set to nothing (`export SLURMDIST_LAUNCHER=`): unset
         return _forced(forced, environ)
     env = torchrun.read(environ)
     if env is not None:

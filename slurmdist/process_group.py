@@ -350,8 +350,7 @@ def _can_retime() -> bool:
 
 
 def _collective_timeout(environ: Mapping[str, str]) -> float:
-    value = environ.get(COLLECTIVE_TIMEOUT_VARIABLE, DEFAULT_COLLECTIVE_TIMEOUT)
-    return bounds.positive_seconds(COLLECTIVE_TIMEOUT_VARIABLE, value, SlurmdistError)
+    return bounds.seconds_from(environ, COLLECTIVE_TIMEOUT_VARIABLE, DEFAULT_COLLECTIVE_TIMEOUT, SlurmdistError)
 
 
 def shutdown() -> None:

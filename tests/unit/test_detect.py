@@ -452,6 +452,8 @@ def test_forcing_a_launcher_by_name():
         detect({**task, "SLURMDIST_LAUNCHER": "openmpi"})
     with pytest.raises(LaunchError, match="not a launcher"):
         detect({"SLURMDIST_LAUNCHER": "pbs"})
+    for blank in ("", " "):  # `export SLURMDIST_LAUNCHER=` in a job script clears it: detection as without it
+        assert detect({**task, "SLURMDIST_LAUNCHER": blank}) == detect(task)
 
 
 STEP = load_case("slurm/srun_N2_tpn2")[3]

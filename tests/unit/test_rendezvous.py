@@ -13,7 +13,8 @@ import pytest
 
 from slurmdist.detection import detect
 from slurmdist.distenv import LOOPBACK, DistEnv
-from slurmdist.errors import LaunchError, RendezvousError
+from slurmdist.errors import LaunchError, RendezvousError, SlurmdistError
+from slurmdist.process_group import _collective_timeout
 from slurmdist.launchers.slurm import hostfile_first_host
 from slurmdist.bounds import Deadline, init_timeout
 from slurmdist.hosts import addresses, hostfile_master, hostport, names_this_host, resolve_host, strip_brackets
@@ -82,6 +83,16 @@ def test_init_timeout_sources():
         init_timeout([300], {})
     with pytest.raises(RendezvousError, match="timeout=datetime.timedelta.* must be a positive number of seconds"):
         init_timeout(timedelta(0), {})
+
+
+def test_a_blank_timeout_variable_means_unset_as_every_slurmdist_variable_does():
+    """`export SLURMDIST_INIT_TIMEOUT=` in a job script clears it there; the requeue variables read it so."""
+    for blank in ("", "  "):
+        assert init_timeout(None, {"SLURMDIST_INIT_TIMEOUT": blank}) == 300
+        assert _collective_timeout({"SLURMDIST_COLLECTIVE_TIMEOUT": blank}) == 1800
+    assert init_timeout(None, {"SLURMDIST_INIT_TIMEOUT": " 12 "}) == 12
+    with pytest.raises(SlurmdistError, match="SLURMDIST_COLLECTIVE_TIMEOUT='-5' must be a positive"):
+        _collective_timeout({"SLURMDIST_COLLECTIVE_TIMEOUT": "-5"})
 
 
 def test_a_store_host_name_that_does_not_resolve_fails_at_once_naming_it():
