@@ -134,7 +134,9 @@ def build_parser() -> argparse.ArgumentParser:
     env.add_argument("--format", choices=("text", "json", "shell"), default="text",
                      help="text and json: what detect() read, with no lookup (the master as the nodelist names "
                           "it; no device or backend, which init() chooses); shell: `export RANK=...` lines for eval, "
-                          "in torchrun's variable names, with the master resolved as `slurmdist run` resolves it")
+                          "in torchrun's variable names, with the master resolved as `slurmdist run` resolves it "
+                          "(under mpirun across nodes over MPI: every rank must run it; on failure it prints "
+                          "`false`, so `eval \"$(slurmdist env --format shell)\" && ...` stops)")
     env.set_defaults(handler=_env)
 
     run = commands.add_parser(
@@ -180,14 +182,19 @@ def _env(args: argparse.Namespace) -> int:
     from .detection import detect
     from .rendezvous import resolve_master
 
-    env = detect()
-    if args.format == "shell":
+    if args.format != "shell":
+        print(format_env(detect(), args.format))
+        return 0
+    try:
         # For `eval` before a torchrun-style start: what `slurmdist run` would set, so a master that is not in
         # DNS is Slurm's NodeAddr and a single process gets a port (every rank must run it under MPI).
-        variables = command_variables(resolve_master(env))
-        print("\n".join(f"export {name}={shlex.quote(value)}" for name, value in variables.items()))
-    else:
-        print(format_env(env, args.format))
+        variables = command_variables(resolve_master(detect()))
+    except BaseException:
+        # `eval ""` succeeds: `eval "$(slurmdist env --format shell)" && ./train.sh` would start train.sh
+        # without the variables. `false` stops it there, and leaves an interactive shell open.
+        print("false")
+        raise
+    print("\n".join(f"export {name}={shlex.quote(value)}" for name, value in variables.items()))
     return 0
 
 

@@ -35,7 +35,8 @@ def mpi_comm(env: DistEnv, environ: Mapping[str, str], timeout: float = DEFAULT_
         MPI = _import_mpi(timeout, (
             f"slurmdist: MPI_Init did not complete within {timeout:.0f} s on rank {env.rank} (world size "
             f"{env.world_size}): it waits for every rank of the launch, so some rank has not reached "
-            "slurmdist.init() or `slurmdist run` (crashed, stuck before it, or never started: check the launcher's "
+            "slurmdist.init(), `slurmdist run` or `slurmdist env --format shell` (crashed, stuck before it, or never "
+            "started: check the launcher's "
             "task count). "
             f"Ending this process. Raise {knob} if the ranks are only slow, or set MASTER_ADDR and "
             "MASTER_PORT to skip MPI\n"
@@ -150,9 +151,9 @@ def mpi_share_master(comm: Any, env: DistEnv, master: Optional[str], deadline: D
             _ABANDONED.append((requests, shared, mine, hosts))
             raise RendezvousError(
                 f"rank {comm.Get_rank()}: rank 0's address was not shared over MPI within {deadline.seconds:.0f} s "
-                f"(world size {comm.Get_size()}): the other ranks have not all reached slurmdist.init() or "
-                "`slurmdist run` (crashed, stuck before it, or never calling it). This process ends the MPI job when "
-                "it exits"
+                f"(world size {comm.Get_size()}): the other ranks have not all reached slurmdist.init(), "
+                "`slurmdist run` or `slurmdist env --format shell` (crashed, stuck before it, or never calling it). "
+                "This process ends the MPI job when it exits"
             )
         time.sleep(next(pauses))
     _abort_at_exit(0)  # a retry the caller made after a timeout went through: finalize as usual

@@ -72,6 +72,15 @@ def test_env_shell_format_gives_a_single_process_a_port():
     assert 0 < int(exported["MASTER_PORT"]) < 65536
 
 
+def test_env_shell_format_that_fails_stops_the_eval_and_what_follows_it():
+    # `eval "$(slurmdist env --format shell)" && ./train.sh`: eval of no output succeeds, and train.sh ran.
+    script = f'eval "$({sys.executable} -m slurmdist env --format shell)" && echo train.sh ran'
+    result = subprocess.run(["bash", "-c", script], env=clean_environ(RANK="1"), capture_output=True, text=True,
+                            timeout=30)
+    assert result.returncode == 1 and "train.sh ran" not in result.stdout, result.stdout
+    assert "RANK" in result.stderr and "Traceback" not in result.stderr, result.stderr
+
+
 def test_version_prints_the_installed_distributions_version():
     from importlib.metadata import version
 
