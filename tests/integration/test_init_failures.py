@@ -351,7 +351,8 @@ print("formed", flush=True)
     (1, 3, signal.SIGTERM, "return", 1, "init() stopped waiting for the rendezvous (world size 3) when SIGTERM "
                                          "arrived: its handler returned"),
 ], ids=["ctrl-c rank 0", "ctrl-c rank 1", "sigterm handler exits", "sigterm handler returns"])
-def test_ctrl_c_and_sigterm_end_a_rank_waiting_inside_torch_for_a_missing_one(rank, world, sig, handler, status, says):
+def test_ctrl_c_and_sigterm_end_a_rank_waiting_inside_torch_for_a_missing_one(rank, world, sig, handler, status, says,
+                                                                             reliability_record):
     # The waiting rank sat in torch's store client, where Python runs no handler, until the init timeout (here
     # 120 s) ran out: Ctrl-C did nothing, and a SIGTERM handler that saves and exits ran minutes late.
     port = free_port()
@@ -370,6 +371,13 @@ def test_ctrl_c_and_sigterm_end_a_rank_waiting_inside_torch_for_a_missing_one(ra
         for proc in procs.values():
             proc.kill()
             proc.communicate()
+    reliability_record(
+        f"{sig.name} to rank {rank} while it waits inside torch for a rank that never comes",
+        f"{world} ranks on one host, {world - 1} started, init timeout 120 s; "
+        + {"": "no handler", "exit": "a handler that exits", "return": "a handler that returns"}[handler],
+        f"{sig.name} after every present rank checked in", took,
+        f"exit status {procs[rank].returncode}" + (f"; {says.split(':')[0]}" if says else ""),
+        section="Faults in real runs")
     assert procs[rank].returncode == status, err[-3000:]
     assert says in err and "formed" not in out, err[-3000:]
     assert took < 30, took  # a bound on the old wait (120 s), not a timing claim: seconds on a busy machine
