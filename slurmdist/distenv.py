@@ -117,5 +117,26 @@ def check_topology(env: DistEnv) -> None:
             f"{env.launcher}: local_world_size={env.local_world_size} exceeds world_size={env.world_size}; "
             "the launcher variables contradict each other"
         )
+    check_every_node_runs_one(env.launcher, env.node_rank, env.num_nodes, env.local_world_size, env.world_size)
     if env.master_port is not None and not 0 < env.master_port < 65536:
         raise LaunchError(f"{env.launcher}: master port {env.master_port} is outside 1..65535")
+
+
+def check_every_node_runs_one(launcher: str, node_rank: Optional[int], num_nodes: Optional[int], local_world_size: int,
+                              world_size: int, names: Tuple[str, str, str, str] = (
+                                  "node_rank", "num_nodes", "local_world_size", "world_size")) -> None:
+    """Every node of a launch runs one process at least: the nodes besides this one (all of them when their
+    count is known, else those before it) and this node's processes cannot outnumber the world. `names` are
+    what the message calls the four values (a launcher passes its variables' names)."""
+    others = num_nodes - 1 if num_nodes is not None else node_rank
+    if others is None or others + local_world_size <= world_size:
+        return
+    node_name, nodes_name, local_name, world_name = names
+    told = (f"{nodes_name}={num_nodes} puts {others} other node(s) beside" if num_nodes is not None
+            else f"{node_name}={node_rank} puts {others} node(s) before")
+    raise LaunchError(
+        f"{launcher}: {told} this one, each running one process at least, besides the "
+        f"{local_name}={local_world_size} on this node: more than {world_name}={world_size}. The launcher "
+        "variables contradict each other: relaunch, or unset stale variables left over from an outer job",
+        nodes_name if num_nodes is not None else node_name, str(num_nodes if num_nodes is not None else node_rank),
+    )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Mapping, Optional
 
-from ..distenv import DistEnv
+from ..distenv import DistEnv, check_every_node_runs_one
 from ..envvars import check_index, check_within, explicit_master, read_count, require_count, scheduler_job_id
 from ..errors import LaunchError, quoted
 
@@ -78,6 +78,8 @@ def read(environ: Mapping[str, str]) -> Optional[DistEnv]:
         check_within(launcher, nodes_name, num_nodes, "WORLD_SIZE", world_size)
     if node_rank is not None and num_nodes is not None:
         check_index(launcher, node_name, node_rank, nodes_name, num_nodes)
+    check_every_node_runs_one(launcher, node_rank, num_nodes, local_world_size, world_size,
+                              (node_name, nodes_name, local_size_name, "WORLD_SIZE"))
     master_addr, master_port = explicit_master(environ)
     return DistEnv(
         launcher=launcher,

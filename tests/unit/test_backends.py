@@ -280,7 +280,7 @@ def test_init_hands_its_backend_to_the_device_plan_so_nccl_sharing_stops_before_
     monkeypatch.setattr(devices, "device_count", lambda device_type: 2)
     monkeypatch.setattr(devices, "bind", lambda device_plan: device_plan.device)
     environ = {**case("slurm/srun_gpus_per_node2")[1], "SLURMDIST_SHARE_DEVICES": "1", "SLURM_NTASKS_PER_NODE": "4"}
-    env = detect(environ).replace(local_world_size=4)
+    env = detect(environ).replace(local_world_size=4, node_rank=0, num_nodes=1)  # all four on one node
     with pytest.raises(BackendError, match="NCCL refuses two ranks of one group on one GPU"):
         process_group._choose_device(env, "auto", None, environ)
     assert process_group._choose_device(env, "gloo", "cuda", environ).device == "cuda:1"

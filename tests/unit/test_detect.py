@@ -539,6 +539,33 @@ def test_contradicting_torchrun_variables_are_named(contradiction, variable):
     assert (raised.value.variable, raised.value.value) == (variable, contradiction[variable])
 
 
+@pytest.mark.parametrize("contradiction, variable", [
+    ({"LOCAL_WORLD_SIZE": "4", "GROUP_RANK": "1", "GROUP_WORLD_SIZE": "2"}, "GROUP_WORLD_SIZE"),  # all 4 here
+    ({"LOCAL_WORLD_SIZE": "4", "GROUP_RANK": "1"}, "GROUP_RANK"),  # node 1, yet node 0 would hold none
+    ({"GROUP_RANK": "0", "GROUP_WORLD_SIZE": "4"}, "GROUP_WORLD_SIZE"),  # 3 other nodes and 2 here: 5 of 4
+    ({"LOCAL_SIZE": "3", "LOCAL_WORLD_SIZE": None, "CROSS_RANK": "2"}, "CROSS_RANK"),  # DeepSpeed's names
+])
+def test_more_nodes_than_the_ranks_left_for_them_are_a_contradiction(contradiction, variable):
+    # Every node runs one rank at least: were accepted, as node 1 of 2 with all 4 ranks on this node.
+    environ = {"RANK": "1", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", **contradiction}
+    environ = {name: value for name, value in environ.items() if value is not None}
+    with pytest.raises(LaunchError, match=f"{variable}={contradiction[variable]} puts .* each running one process "
+                                          "at least.* more than WORLD_SIZE=4") as raised:
+        detect(environ)
+    assert (raised.value.variable, raised.value.value) == (variable, contradiction[variable])
+    # 1 + 1 + 2 ranks on three nodes is possible (DeepSpeed's --include gives nodes unequal counts).
+    uneven = {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "2"}
+    assert (detect(uneven).node_rank, detect({**uneven, "GROUP_WORLD_SIZE": "3"}).num_nodes) == (2, 3)
+
+
+def test_a_topology_with_more_nodes_than_ranks_for_them_is_refused_whatever_the_launcher():
+    from slurmdist.distenv import DistEnv
+
+    with pytest.raises(LaunchError, match="pals: node_rank=3 puts 3 node.*local_world_size=2.*world_size=4"):
+        DistEnv("pals", 1, 1, 4, 2, 3, None, None, None, None)
+    assert DistEnv("pals", 1, 1, 4, 2, 2, None, None, None, None).node_rank == 2
+
+
 @pytest.mark.parametrize("environ, variable", [
     ({**HAND_WRITTEN["flux"][0], "FLUX_TASK_LOCAL_ID": "4"}, "FLUX_TASK_LOCAL_ID"),  # 4 tasks per node: 0..3
     ({"SUBMITIT_EXECUTOR": "local", "SUBMITIT_LOCAL_NTASKS": "2", "SUBMITIT_LOCAL_GLOBALID": "1",
