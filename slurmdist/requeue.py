@@ -506,6 +506,8 @@ class Resumable:
     def __init__(self, checkpoint_path: Union[str, os.PathLike], *, signal: SignalSpec = None,
                  max_requeues: Optional[int] = None) -> None:
         self.checkpoint_path = Path(checkpoint_path).absolute()
+        if signal is not None:  # checked where it is written, not once the job has waited in the queue
+            parse_signal(signal)
         self.signal = signal
         if max_requeues is not None:  # checked where it is written, not only once the job runs
             requeue_limit(max_requeues, {})

@@ -230,8 +230,11 @@ class Resources:
                                   "drops it; leave it out")
         if isinstance(self.setup, str):
             raise SubmitError("setup must be a list of shell lines, not one string")
-        problem = setup_syntax_problem(list(self.setup), option="setup") if all(
-            isinstance(line, str) for line in self.setup) else None
+        for index, line in enumerate(self.setup):
+            if not isinstance(line, str):
+                raise SubmitError(f"setup[{index}]={line!r} is not a shell line: give each line as text, e.g. "
+                                  "setup=['module load cuda', 'export OMP_NUM_THREADS=4']")
+        problem = setup_syntax_problem(list(self.setup), option="setup")
         if problem is not None:  # found when the job starts, after its wait in the queue, otherwise
             raise SubmitError(problem)
         self._check_signal_delay(parse_time(self.time))
@@ -431,6 +434,7 @@ class Submitter:
     def submit(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Run ``fn(*args, **kwargs)`` in every task of one job; returns the submitit job."""
         _require_callable(fn, "submit")
+        _require_the_jobs_signal(fn, self.resources)
         executor = self.executor  # first: without submitit, its error says what to install
         with _folders_kept_only_if_submitted(self.folder):
             return _submitting(lambda: executor.submit(fn, *args, **kwargs), signal_variables(self.resources),
@@ -449,6 +453,7 @@ class Submitter:
         whole distributed job with these resources. The iterables must be of one length: `zip` would drop the
         longer ones' tail without a word."""
         _require_callable(fn, "map_array")
+        _require_the_jobs_signal(fn, self.resources)
         columns = [list(column) for column in iterables]
         lengths = sorted({len(column) for column in columns})
         if len(lengths) > 1:
@@ -465,6 +470,23 @@ def _require_callable(fn: Any, method: str) -> None:
     if not callable(fn):
         raise SubmitError(f"{method}: {fn!r} is not callable; pass the function to run in every task (its arguments "
                           "follow it), or use submit_command(['python', 'train.py']) for a command")
+
+
+def _require_the_jobs_signal(fn: Any, resources: "Resources") -> None:
+    """A `Resumable` told another signal than the job's waits for one that never comes, while submitit's handler
+    takes the job's: it requeues the job without a checkpoint, and every run starts again from step 0."""
+    if not isinstance(fn, Resumable) or fn.signal is None:
+        return
+    wanted, sent = parse_signal(fn.signal), parse_signal(resources.signal)
+    if wanted != sent:
+        theirs = sent.name.removeprefix("SIG")
+        raise SubmitError(
+            f"{type(fn).__name__}(signal={fn.signal!r}) waits for {wanted.name}, but this job is warned with "
+            f"{sent.name} (the Submitter's {'default' if resources.signal is None else f'signal={resources.signal!r}'}"
+            "): it would requeue without saving. Give "
+            f"the Submitter signal={wanted.name.removeprefix('SIG')!r}, or the Resumable signal={theirs!r} or "
+            "none (it then takes the job's)"
+        )
 
 
 def build_executor(resources: Resources, cluster: str, folder: Path, python: Optional[str] = None) -> Any:

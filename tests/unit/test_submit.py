@@ -629,6 +629,11 @@ def test_local_jobs_hand_their_setup_lines_to_the_controllers_wrapper():
     assert slurm_parameters(Resources())["setup"][-1] != ""
 
 
+def test_a_setup_line_that_is_not_text_is_named():
+    with pytest.raises(SubmitError, match=r"setup\[1\]=1 is not a shell line"):  # was a TypeError inside submitit
+        Resources(setup=["module load cuda", 1])
+
+
 def test_python_setup_lines_that_are_not_shell_are_refused_before_anything_is_queued():
     with pytest.raises(SubmitError, match=r"the setup lines open a heredoc at setup 'cat > cfg.txt <<EOF' that they "
                                           r"never close"):

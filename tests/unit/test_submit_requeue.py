@@ -278,6 +278,27 @@ def test_resumable_listens_only_while_it_runs(tmp_path, monkeypatch):
     assert signal.getsignal(signal.SIGUSR2) == before
 
 
+@pytest.mark.parametrize("spec, says", [("FOO", "not a signal name"), ("TERM", "scancel, a preemption")])
+def test_a_resumable_checks_its_signal_where_it_is_written(spec, says):
+    # It used to be found only once the job ran, after its wait in the queue.
+    with pytest.raises(RequeueError, match=f"requeue signal {spec!r} .*{says}"):
+        Counting("ckpt.pt", signal=spec)
+
+
+def test_a_resumable_told_another_signal_than_the_jobs_is_not_submitted(tmp_path):
+    # submitit's handler took the job's USR2 and requeued without a checkpoint: every run began at step 0.
+    from slurmdist.submit import SubmitError, Submitter
+
+    submitter = Submitter(folder=tmp_path, nodes=2)
+    with pytest.raises(SubmitError, match=r"Counting\(signal='URG'\) waits for SIGURG, but this job is warned with "
+                                          r"SIGUSR2 \(the Submitter's default\).*Submitter signal='URG', or the "
+                                          r"Resumable signal='USR2' or none"):
+        submitter.submit(Counting(tmp_path / "ckpt.pt", signal="URG"), 0)
+    with pytest.raises(SubmitError, match="waits for SIGUSR2, but this job is warned with SIGURG"):
+        submitter.with_options(signal="URG").map_array(Counting(tmp_path / "ckpt.pt", signal=12), [0])
+    assert not any(tmp_path.iterdir())  # nothing written, nothing queued
+
+
 def test_resumable_keeps_an_absolute_checkpoint_path(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert Counting("ckpt.pt").checkpoint_path == tmp_path / "ckpt.pt"
