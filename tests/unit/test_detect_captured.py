@@ -183,6 +183,7 @@ def test_mpi_variables_inherited_into_an_srun_step_get_a_warning(inherited_warni
     (warned,) = inherited_warnings()
     assert "OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE say this process is rank 0 of 1" in warned
     assert "task 1 of 4 of srun step" in warned and "SLURMDIST_LAUNCHER=slurm" in warned
+    assert "or each srun task started an mpirun of its own" in warned  # `srun -n2 mpirun ...` warns alike
     forced = detect({**task, **stale, "SLURMDIST_LAUNCHER": "slurm"})
     assert (forced.launcher, forced.rank, forced.world_size) == ("slurm", 1, 4)
 
