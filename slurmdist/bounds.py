@@ -67,7 +67,7 @@ def seconds_from(environ: Mapping[str, str], variable: str, default: float,
     """`variable` as a positive number of seconds, or `default` when it is unset or blank: `export VAR=` in a
     job script means "no value" there, as for every other slurmdist variable."""
     value = environ.get(variable, "")
-    return positive_seconds(variable, value, error) if value.strip() else default
+    return default if isinstance(value, str) and not value.strip() else positive_seconds(variable, value, error)
 
 
 def timeout_knob(timeout: Union[float, timedelta, None], argument: str) -> str:

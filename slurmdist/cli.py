@@ -135,8 +135,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="text and json: what detect() read, with no lookup (the master as the nodelist names "
                           "it; no device or backend, which init() chooses); shell: `export RANK=...` lines for eval, "
                           "in torchrun's variable names, with the master resolved as `slurmdist run` resolves it "
-                          "(under mpirun across nodes over MPI: every rank must run it; on failure it prints "
-                          "`false`, so `eval \"$(slurmdist env --format shell)\" && ...` stops)")
+                          "(under mpirun across nodes over MPI: every rank must run it). Check its status before "
+                          "the eval: `vars=$(slurmdist env --format shell) && eval \"$vars\" && ./train.sh` (on an "
+                          "error it also prints `false`)")
     env.set_defaults(handler=_env)
 
     run = commands.add_parser(

@@ -204,8 +204,8 @@ def _mpirun_inside_step(step: DistEnv, launched_by_mpi: Optional[DistEnv], envir
             f"{slurm.step_id(environ) or '?'} of job {step.job_id}, with {step.local_world_size} tasks on this "
             "node: mpirun's daemons run one per node, so these variables were most likely inherited (a job "
             "submitted from inside an mpirun rank), or each srun task started an mpirun of its own (`srun -n2 "
-            "mpirun ...`: each launch then trains apart; start one mpirun, from the batch script or with srun "
-            f"--ntasks-per-node=1). Using the {launched_by_mpi.launcher} ones; unset them if they "
+            "mpirun ...`: each launch then trains apart; start one mpirun, from the batch script or with `srun -N1 "
+            f"-n1 mpirun ...`). Using the {launched_by_mpi.launcher} ones; unset them if they "
             f"are left over, or set SLURMDIST_LAUNCHER=slurm to read the step (SLURMDIST_LAUNCHER="
             f"{launched_by_mpi.launcher} if they are meant)",
             __file__,

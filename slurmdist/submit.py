@@ -42,8 +42,8 @@ from .argv import command_words
 from .bounds import positive_seconds
 from .envvars import is_whole, whole_number
 from .errors import SlurmdistError
-from .requeue import (DEFAULT_SIGNAL_DELAY, RequeueError, Resumable, parse_signal, requeue_limit, signal_delay_problem,
-                      slurm_name)
+from .requeue import (DEFAULT_SIGNAL_DELAY, SIGNAL_VARIABLE, RequeueError, Resumable, parse_signal, requeue_limit,
+                      signal_delay_problem, slurm_name)
 from .sbatch_render import (
     ENDS_THE_SETUP, HAND_ON_CPUS_PER_TASK, OPTION_NAME, managed_option, memory_size_fault, setup_syntax_problem,
 )
@@ -475,18 +475,27 @@ def _require_callable(fn: Any, method: str) -> None:
 def _require_the_jobs_signal(fn: Any, resources: "Resources") -> None:
     """A `Resumable` told another signal than the job's waits for one that never comes, while submitit's handler
     takes the job's: it requeues the job without a checkpoint, and every run starts again from step 0."""
-    if not isinstance(fn, Resumable) or fn.signal is None:
+    told = getattr(fn, "signal", None)  # a subclass that skipped Resumable.__init__ has none: its run says so
+    if not isinstance(fn, Resumable) or told is None:
         return
-    wanted, sent = parse_signal(fn.signal), parse_signal(resources.signal)
+    wanted, sent = parse_signal(told), parse_signal(resources.signal)
     if wanted != sent:
         theirs = sent.name.removeprefix("SIG")
         raise SubmitError(
-            f"{type(fn).__name__}(signal={fn.signal!r}) waits for {wanted.name}, but this job is warned with "
-            f"{sent.name} (the Submitter's {'default' if resources.signal is None else f'signal={resources.signal!r}'}"
-            "): it would requeue without saving. Give "
+            f"{type(fn).__name__}(signal={told!r}) waits for {wanted.name}, but this job is warned with "
+            f"{sent.name} ({_signal_source(resources)}): it would requeue without saving. Give "
             f"the Submitter signal={wanted.name.removeprefix('SIG')!r}, or the Resumable signal={theirs!r} or "
             "none (it then takes the job's)"
         )
+
+
+def _signal_source(resources: "Resources") -> str:
+    """Where the job's requeue signal came from, as a message names it."""
+    if resources.signal is not None:
+        return f"the Submitter's signal={resources.signal!r}"
+    if os.environ.get(SIGNAL_VARIABLE, "").strip():
+        return f"{SIGNAL_VARIABLE}={os.environ[SIGNAL_VARIABLE]!r} in this process"
+    return "the Submitter's default"
 
 
 def build_executor(resources: Resources, cluster: str, folder: Path, python: Optional[str] = None) -> Any:

@@ -91,6 +91,7 @@ def test_a_blank_timeout_variable_means_unset_as_every_slurmdist_variable_does()
         assert init_timeout(None, {"SLURMDIST_INIT_TIMEOUT": blank}) == 300
         assert _collective_timeout({"SLURMDIST_COLLECTIVE_TIMEOUT": blank}) == 1800
     assert init_timeout(None, {"SLURMDIST_INIT_TIMEOUT": " 12 "}) == 12
+    assert init_timeout(None, {"SLURMDIST_INIT_TIMEOUT": 12}) == 12  # a caller's dict with a number, as before
     with pytest.raises(SlurmdistError, match="SLURMDIST_COLLECTIVE_TIMEOUT='-5' must be a positive"):
         _collective_timeout({"SLURMDIST_COLLECTIVE_TIMEOUT": "-5"})
 

@@ -14,6 +14,7 @@ from slurmdist.requeue import (
     LOCAL_MAX_RESTARTS, Action, LocalRestarts, Preemption, RequeueError, Resumable, carry_on_past_the_warning, install,
     local_restarts_file, _run_requeue, parse_signal, plan, requeue_limit, restart_count,
 )
+from slurmdist.submit import SubmitError, Submitter
 from tests.conftest import load_case
 
 
@@ -287,8 +288,6 @@ def test_a_resumable_checks_its_signal_where_it_is_written(spec, says):
 
 def test_a_resumable_told_another_signal_than_the_jobs_is_not_submitted(tmp_path):
     # submitit's handler took the job's USR2 and requeued without a checkpoint: every run began at step 0.
-    from slurmdist.submit import SubmitError, Submitter
-
     submitter = Submitter(folder=tmp_path, nodes=2)
     with pytest.raises(SubmitError, match=r"Counting\(signal='URG'\) waits for SIGURG, but this job is warned with "
                                           r"SIGUSR2 \(the Submitter's default\).*Submitter signal='URG', or the "
@@ -297,6 +296,23 @@ def test_a_resumable_told_another_signal_than_the_jobs_is_not_submitted(tmp_path
     with pytest.raises(SubmitError, match="waits for SIGUSR2, but this job is warned with SIGURG"):
         submitter.with_options(signal="URG").map_array(Counting(tmp_path / "ckpt.pt", signal=12), [0])
     assert not any(tmp_path.iterdir())  # nothing written, nothing queued
+
+
+def test_the_signal_mismatch_names_the_variable_that_set_the_jobs_signal(tmp_path, monkeypatch):
+    monkeypatch.setenv("SLURMDIST_REQUEUE_SIGNAL", "URG")
+    with pytest.raises(SubmitError, match=r"warned with SIGURG \(SLURMDIST_REQUEUE_SIGNAL='URG' in this process\)"):
+        Submitter(folder=tmp_path).submit(Counting(tmp_path / "ckpt.pt", signal="USR2"), 0)
+
+
+class SkipsSuper(Resumable):
+    def __init__(self, path):  # no super().__init__(): no signal attribute
+        self.path = path
+
+
+def test_a_resumable_that_skipped_its_base_init_is_not_refused_for_its_signal(tmp_path):
+    from slurmdist.submit import _require_the_jobs_signal, Resources
+
+    _require_the_jobs_signal(SkipsSuper(tmp_path), Resources())  # was an AttributeError at submit()
 
 
 def test_resumable_keeps_an_absolute_checkpoint_path(tmp_path, monkeypatch):
