@@ -59,10 +59,12 @@ if ((EUID == 0)); then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CO
 # id of mpirun's daemon (one per node), not the MPI rank: slurmdist reads OMPI_COMM_WORLD_RANK instead.
 echo "job $SLURM_JOB_ID: mpirun on $SLURM_NNODES nodes ($SLURM_JOB_NODELIST), $SLURM_NTASKS ranks"
 
-# -np: every slot of the allocation. --map-by ppr:N:node: N ranks per node, filled node by node (rank order
-# follows nodes). --bind-to none: leave the cores Slurm gave the job to torch's own threads.
+# -np: every slot of the allocation. --map-by ppr:N:node: N ranks per node (--ntasks-per-node), filled node by
+# node (rank order follows nodes); without a per-node count (salloc -N2 -n6: 5 and 1), the allocation's own
+# slots, node by node. --bind-to none: leave the cores Slurm gave the job to torch's own threads.
+map_by=${SLURM_NTASKS_PER_NODE:+ppr:$SLURM_NTASKS_PER_NODE:node}
 mpirun -np "$SLURM_NTASKS" \
-    --map-by "ppr:${SLURM_NTASKS_PER_NODE:-4}:node" \
+    --map-by "${map_by:-slot}" \
     --bind-to none \
     "$PYTHON" examples/train.py \
     --steps "$TRAIN_STEPS" \

@@ -45,6 +45,7 @@ TRAIN_DIR=${TRAIN_DIR:-runs/${SLURM_JOB_NAME}-${SLURM_JOB_ID}}
 # The node's GPUs: the batch step has SLURM_GPUS_ON_NODE; an salloc shell only --gpus-per-node's own variable.
 gpus_per_node=${SLURM_GPUS_PER_NODE:-}
 node_gpus=${SLURM_GPUS_ON_NODE:-${gpus_per_node##*:}}  # "a100:4" -> 4
+[[ $node_gpus == 0 ]] && node_gpus=""  # --gpus-per-node=0: a CPU job, no GPU count to follow or to share
 NPROC_PER_NODE=${NPROC_PER_NODE:-${node_gpus:-4}}  # workers per node: one per GPU
 [[ $NPROC_PER_NODE =~ ^[1-9][0-9]*$ ]] || { echo "NPROC_PER_NODE must be a number, got '$NPROC_PER_NODE'" >&2; exit 2; }
 # More workers than the node's GPUs would stack them: slurmdist.init() refuses that in every worker, later,

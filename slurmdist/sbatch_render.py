@@ -454,10 +454,11 @@ def launch_lines(spec: JobSpec) -> List[str]:
         return [f"# One task per {unit}: slurmdist.init() reads SLURM_PROCID / SLURM_LOCALID in each.",
                 f"srun --kill-on-bad-exit=1 {command}"]
     if spec.launcher == "mpirun":
-        # Ranks per node from the allocation, so `sbatch --ntasks-per-node=N` on the command line still fits.
-        per_node = f'"ppr:${{SLURM_NTASKS_PER_NODE:-{spec.tasks_per_node}}}:node"'
+        # Ranks per node from the allocation, so `sbatch --ntasks-per-node=N` on the command line still fits;
+        # without a per-node count (`salloc -N2 -n6`), the allocation's own slots on each node, node by node.
         return ["# mpirun reads the allocation and starts its daemons with srun; slurmdist reads the MPI ranks.",
-                f'mpirun -np "$SLURM_NTASKS" --map-by {per_node} --bind-to none {command}']
+                'map_by=${SLURM_NTASKS_PER_NODE:+ppr:$SLURM_NTASKS_PER_NODE:node}',
+                f'mpirun -np "$SLURM_NTASKS" --map-by "${{map_by:-slot}}" --bind-to none {command}']
     return [
         "# torchrun, one per node; the c10d rendezvous is hosted on the first node, at its Slurm NodeAddr.",
         'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)',

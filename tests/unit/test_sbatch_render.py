@@ -184,6 +184,18 @@ def test_torchrun_scripts_fall_back_to_the_head_nodes_name_when_scontrol_cannot_
     assert "--rdzv-endpoint=node1:20042" in call[4]
 
 
+@pytest.mark.parametrize("gpus", [{"SLURM_GPUS_PER_NODE": "0"}, {"SLURM_GPUS_ON_NODE": "0"}])
+def test_the_torchrun_script_takes_no_gpus_for_a_cpu_job_not_for_zero_workers(tmp_path, gpus):
+    # `sbatch --gpus-per-node=0 sbatch/train_torchrun.sh` stopped with "NPROC_PER_NODE must be a number, got '0'",
+    # and NPROC_PER_NODE=2 with "the job has 0 GPU(s) per node".
+    text = (REPO / "sbatch" / "train_torchrun.sh").read_text()
+    [call] = run_script(text, tmp_path, SLURM_JOB_NAME="torchrun", **gpus)
+    assert "--nproc-per-node=4 " in call[4]  # the documented default
+    (tmp_path / "two").mkdir()
+    [call] = run_script(text, tmp_path / "two", SLURM_JOB_NAME="torchrun", NPROC_PER_NODE="2", **gpus)
+    assert "--nproc-per-node=2 " in call[4]
+
+
 @pytest.mark.parametrize("option,value", [
     ("job_name", "a;touch x"), ("job_name", "name\n#SBATCH --wrap=id"), ("job_name", "$(id)"), ("job_name", "a b"),
     ("job_name", "`id`"), ("job_name", "'q'"), ("partition", "gpu;id"), ("account", "acc\nid"),
@@ -545,5 +557,5 @@ def test_mpirun_keeps_its_daemons_cpus_and_takes_ranks_per_node_from_the_allocat
     [call] = run_script(script, tmp_path, SLURM_NTASKS_PER_NODE="2")  # `sbatch --ntasks-per-node=2 job.sh`
     assert call[call.index("--map-by") + 1] == "ppr:2:node"
     (tmp_path / "default").mkdir()
-    [call] = run_script(script, tmp_path / "default")
-    assert call[call.index("--map-by") + 1] == "ppr:4:node"
+    [call] = run_script(script, tmp_path / "default")  # `salloc -N2 -n6`: 5 and 1, no per-node count
+    assert call[call.index("--map-by") + 1] == "slot"  # was ppr:4:node, which cannot place 6 ranks on 5 + 1 slots
