@@ -376,7 +376,7 @@ def test_ctrl_c_and_sigterm_end_a_rank_waiting_inside_torch_for_a_missing_one(ra
         f"{world} ranks on one host, {world - 1} started, init timeout 120 s; "
         + {"": "no handler", "exit": "a handler that exits", "return": "a handler that returns"}[handler],
         f"{sig.name} after every present rank checked in", took,
-        f"exit status {procs[rank].returncode}; last line: " + (err.strip().splitlines() or ["(none)"])[-1][:160],
+        f"exit status {procs[rank].returncode}" + (f"; stderr says {says!r}" if says and says in err else ""),
         section="Faults in real runs")
     assert procs[rank].returncode == status, err[-3000:]
     assert says in err and "formed" not in out, err[-3000:]
