@@ -13,7 +13,7 @@ import os
 import sys
 from typing import Any, Dict, Mapping, NamedTuple, Optional
 
-from .devices import listed, visibility
+from .devices import VISIBILITY_VARIABLES, listed, visibility
 from .envvars import whole_number
 from .errors import BackendError
 
@@ -22,8 +22,6 @@ BACKEND_DEVICE = {"nccl": "cuda", "hccl": "npu", "mpi": "cpu", "gloo": "cpu"}
 DEVICE_TYPES = ("cpu", "cuda", "npu")
 # The Ascend driver's control device: every host and container that can see an NPU has it.
 ASCEND_DEVICE = "/dev/davinci_manager"
-# NPU visibility (the user's, or Ascend's container runtime): NPUs are meant for this process.
-ASCEND_VISIBILITY_VARIABLES = ("ASCEND_RT_VISIBLE_DEVICES", "ASCEND_VISIBLE_DEVICES")
 # CANN's set_env.sh: the toolkit is there, which it also is on login and CPU nodes of an Ascend cluster.
 CANN_VARIABLES = ("ASCEND_TOOLKIT_HOME", "ASCEND_HOME_PATH")
 
@@ -108,7 +106,7 @@ def npu_sign(environ: Mapping[str, str]) -> Optional[str]:
     system), so `auto` looks only where this, or an installed CANN toolkit, says NPUs may be found."""
     if "torch_npu" in sys.modules:
         return "torch_npu is imported"
-    for name in ASCEND_VISIBILITY_VARIABLES:
+    for name in VISIBILITY_VARIABLES["npu"]:
         if environ.get(name, "").strip():
             return f"{name}={environ[name]!r}"
     if os.path.exists(ASCEND_DEVICE):
@@ -281,9 +279,14 @@ SLURM_GPU_VARIABLES = ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS", "SLURM_GPUS_ON_NODE"
 def unused_gpus(
     requested: str, choice: BackendChoice, caps: Capabilities, environ: Mapping[str, str]
 ) -> Optional[str]:
-    """A warning when `auto` chose the CPU although Slurm allocated GPUs to this task, else None."""
-    if requested.strip().lower() != "auto" or choice.device_type != "cpu" or caps.cuda_devices > 0:
+    """A warning when `auto` chose the CPU although Slurm allocated GPUs to this task, or torch sees GPUs its
+    build has no NCCL for, else None."""
+    if requested.strip().lower() != "auto" or choice.device_type != "cpu":
         return None
+    if caps.cuda_devices > 0:  # and no NCCL, or auto would have chosen it
+        return (f"torch {caps.torch_version} sees {caps.cuda_devices} GPU(s) ({visibility('cuda', environ)}) but "
+                "was built without NCCL, so backend 'auto' runs gloo on the CPU. Install a PyTorch build with "
+                "NCCL (PyTorch's CUDA wheels have it), or pass device='cuda' to run gloo on the GPUs")
     given = [f"{name}={environ[name]!r}" for name in SLURM_GPU_VARIABLES if _names_gpus(name, environ.get(name))]
     if not given:
         return None
@@ -307,9 +310,10 @@ def rocm_masked(caps: Capabilities, environ: Mapping[str, str]) -> Optional[str]
     left = listed(environ.get("ROCR_VISIBLE_DEVICES", ""))
     if "rocm" not in caps.torch_version or not left:
         return None
-    # Only an index past what ROCR left masks them all ("1" after ROCR's "1": HIP's devices count from 0).
+    # Only an index past what ROCR left masks them all ("1" after ROCR's "1": HIP's devices count from 0); a
+    # UUID ("GPU-5a1c...") names a GPU whatever its place, as HIP reads it.
     second = [name for name in ("HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL")
-              if any(not index.isdigit() or int(index) >= len(left) for index in listed(environ.get(name, "")))]
+              if any(index.isdigit() and int(index) >= len(left) for index in listed(environ.get(name, "")))]
     if not second:
         return None
     return (f"on ROCm, HIP applies {' and '.join(second)} to the GPUs ROCR_VISIBLE_DEVICES left, renumbered from "

@@ -17,10 +17,14 @@ from .errors import BackendError
 
 # What narrows the devices a process sees, per device type. On ROCm, Slurm sets ROCR_VISIBLE_DEVICES beside
 # CUDA_VISIBLE_DEVICES, and HIP applies the second to what the first left (backends.rocm_masked).
+# Ascend's container runtime narrows a container's NPUs with ASCEND_VISIBLE_DEVICES (ranges such as "0-3"
+# allowed); the runtime's own ASCEND_RT_VISIBLE_DEVICES narrows a process's.
 VISIBILITY_VARIABLES = {
     "cuda": ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES"),
-    "npu": ("ASCEND_RT_VISIBLE_DEVICES",),
+    "npu": ("ASCEND_RT_VISIBLE_DEVICES", "ASCEND_VISIBLE_DEVICES"),
 }
+# The list of one process's devices that `narrowed_per_task` and the count check read, per device type.
+PROCESS_LIST = {"cuda": "CUDA_VISIBLE_DEVICES", "npu": "ASCEND_RT_VISIBLE_DEVICES"}
 SHARE_VARIABLE = "SLURMDIST_SHARE_DEVICES"
 SLURM_SETS = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")  # in each task of a step with GPUs
 TRUE_WORDS = ("1", "true", "yes", "on")
@@ -42,8 +46,7 @@ def gpus_per_task(environ: Mapping[str, str]) -> Optional[int]:
     """N from `--gpus-per-task=N`, whichever variable carries it here; None when the job did not ask. The
     step's own binding first: SLURM_GPUS_PER_TASK is the job's (sbatch exports it), and a step of that job
     started with another `--gpus-per-task` inherits it unchanged."""
-    bind = environ.get("SLURMD_TRES_BIND", "")
-    found = _BIND_PER_TASK.search(bind) if "gpu" in bind else None
+    found = next(filter(None, (_BIND_PER_TASK.search(clause) for clause in _gpu_bind_clauses(environ))), None)
     found = found or _TRES_GPU.search(environ.get("SLURM_TRES_PER_TASK", ""))
     if found:
         return whole_number(found.group(1))
@@ -78,7 +81,7 @@ def narrowed_per_task(
     NPUs: Slurm sets no Ascend variable, so a single NPU in `ASCEND_RT_VISIBLE_DEVICES` was chosen for this
     task on purpose (`=$SLURM_LOCALID`).
     """
-    if not task_is_rank:
+    if not task_is_rank or listed_beyond(device_type, device_count, environ):
         return False
     if device_type == "npu":
         return device_count == 1 and len(_chosen_npus(environ)) == 1
@@ -94,12 +97,28 @@ def narrowed_per_task(
     return (whole_number(on_node) or 0) > 1
 
 
+def _gpu_bind_clauses(environ: Mapping[str, str]) -> List[str]:
+    """The GPU clauses of the step's binding: SLURMD_TRES_BIND holds one per resource
+    ("gres/gpu:closest+gres/nic:per_task:1"), and another resource's count is not the GPUs'."""
+    clauses = environ.get("SLURMD_TRES_BIND", "").split("+")
+    return [clause for clause in clauses if clause.startswith(("gres/gpu:", "gpu:"))]
+
+
 def _bound_closest(environ: Mapping[str, str]) -> bool:
     """An explicit `--gpu-bind=closest`, which replaces the per-task binding `--gpus-per-task=N` implies (srun's
     manual): each task sees its socket's GPUs, so tasks of one socket see the same N and are not narrowed to
     their own, however many they asked for."""
-    clauses = environ.get("SLURMD_TRES_BIND", "").split("+")  # one per resource: gres/gpu:closest+gres/nic:...
-    return any(clause.startswith(("gres/gpu:", "gpu:")) and "closest" in clause for clause in clauses)
+    return any("closest" in clause for clause in _gpu_bind_clauses(environ))
+
+
+def listed_beyond(device_type: str, device_count: int, environ: Mapping[str, str]) -> Optional[str]:
+    """The process's visibility variable ("CUDA_VISIBLE_DEVICES='0,1'") when it lists more devices than torch
+    counts, else None. CUDA stops at the first entry that names no usable device (a GPU gone from the bus), and
+    a CUDA process uses only the first of several MIG instances: the list then no longer says which device is
+    whose, and ranks that pick by it end up on one device."""
+    name = PROCESS_LIST.get(device_type)
+    value = environ.get(name or "", "")
+    return f"{name}={value!r}" if name and len(listed(value)) > device_count else None
 
 
 FALSE_WORDS = ("", "0", "false", "no", "off")
@@ -153,6 +172,9 @@ def device_ordinal(
         return local_rank % device_count
     # Every rank of the node stops here, not only those without a device: the others would wait for them
     # until the rendezvous timed out.
+    beyond = listed_beyond(device_type, device_count, environ)
+    if beyond:
+        raise _fewer_than_listed(device_type, local_world_size, device_count, beyond)
     on_node = _gpus_on_node(device_type, environ)
     if task_is_rank and on_node is not None and device_count < on_node and local_world_size <= on_node:
         raise _given_a_part(local_world_size, device_count, on_node, environ)
@@ -202,6 +224,21 @@ def _expanded_in_the_batch_step(device_type: str, local_rank: int, variable: str
         f"the node's ranks would share {kind} 0. Set it in each task instead, in single quotes: srun bash -c "
         f"'{variable}=$SLURM_LOCALID exec python train.py'{slurm_way}. If they are meant to share it, or a per-rank "
         f"wrapper gave this rank {kind} 0 on purpose, set {SHARE_VARIABLE}=1"
+    )
+
+
+def _fewer_than_listed(device_type: str, ranks: int, devices: int, beyond: str) -> BackendError:
+    """The visibility list names more devices than torch sees (`listed_beyond`), and the node's ranks need them."""
+    if device_type == "npu":
+        why = "a listed NPU is missing or failed (npu-smi info shows what the driver sees)"
+    else:
+        why = ("a listed GPU is missing or failed (CUDA stops at the first entry naming no usable device; "
+               "nvidia-smi shows what the driver sees), or they are MIG instances, of which a CUDA process uses "
+               "only the first: give each task its own (srun --gpus-per-task=1)")
+    return BackendError(
+        f"{ranks} tasks on this node need a {device_type} device each, and {beyond} lists more, but torch sees "
+        f"only {devices}: {why}. Fix the list or the device, or set {SHARE_VARIABLE}=1 to let ranks share the "
+        f"{devices} it sees"
     )
 
 
@@ -277,7 +314,9 @@ def plan(
         if not 0 <= index < device_count:
             raise BackendError(
                 f"{device_type}:{index} asked for, but this process sees {device_count} {device_type} device(s) "
-                f"({visibility(device_type, environ)})"
+                f"({visibility(device_type, environ)}): an ordinal counts within the visible devices, from 0, "
+                f"whatever their physical numbers. Pass device='{device_type}:N' with N below {device_count}, or "
+                f"device='{device_type}' to pick by local rank"
             )
         return DevicePlan(device_type, index)
     ordinal = device_ordinal(device_type, local_rank, local_world_size, device_count, environ,

@@ -36,6 +36,11 @@ def test_auto_on_a_cuda_build_without_nccl_runs_gloo():
     assert choose("auto", no_nccl) == BackendChoice("gloo", "cpu")
     with pytest.raises(BackendError, match="'nccl' is not built into"):
         choose("nccl", no_nccl)
+    # GPUs left idle are worth a word, unless the CPU was chosen by name.
+    warning = unused_gpus("auto", choose("auto", no_nccl), no_nccl, {"CUDA_VISIBLE_DEVICES": "0,1,2,3"})
+    assert "sees 4 GPU(s) (CUDA_VISIBLE_DEVICES='0,1,2,3') but was built without NCCL" in warning
+    assert "device='cuda'" in warning and choose("auto", no_nccl, "cuda") == BackendChoice("gloo", "cuda")
+    assert unused_gpus("gloo", choose("gloo", no_nccl), no_nccl, {}) is None
 
 
 def test_explicit_and_mixed_forms():
@@ -123,7 +128,7 @@ def test_auto_looks_for_torch_npu_only_where_an_ascend_device_could_be(monkeypat
     (tmp_path / "davinci_manager").touch()
     assert probe("auto", environ={}).npu_import_error == "torch_npu is not installed" and asked == ["torch_npu"]
     (tmp_path / "davinci_manager").unlink()
-    for name in backends.ASCEND_VISIBILITY_VARIABLES + backends.CANN_VARIABLES:  # no driver device, an Ascend setup
+    for name in backends.VISIBILITY_VARIABLES["npu"] + backends.CANN_VARIABLES:  # no driver device, an Ascend setup
         asked.clear()
         assert probe("auto", environ={name: "0,1"}).npu_import_error == "torch_npu is not installed", name
         assert asked == ["torch_npu"], name
@@ -310,6 +315,9 @@ def test_a_rocm_torch_that_slurms_two_visibility_variables_left_without_gpus_is_
     # Indexes within what ROCR left mask nothing: the usual advice, not this one.
     within = {**task, "ROCR_VISIBLE_DEVICES": "1", "CUDA_VISIBLE_DEVICES": "0", "GPU_DEVICE_ORDINAL": "0"}
     assert "nvidia-smi" in unused_gpus("auto", choose("auto", rocm), rocm, within)
+    # A UUID names its GPU wherever it is: no index to fall past.
+    uuid = {**within, "HIP_VISIBLE_DEVICES": "GPU-5a1c2b", "ROCR_VISIBLE_DEVICES": "0,1"}
+    assert "HIP applies" not in unused_gpus("auto", choose("auto", rocm), rocm, uuid)
 
 
 @pytest.mark.parametrize("backend, device_ids, expected", [

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from slurmdist.detection import detect, is_own_srun_task
-from slurmdist.devices import DevicePlan, device_ordinal, gpus_per_task, narrowed_per_task, plan
+from slurmdist.devices import DevicePlan, device_ordinal, gpus_per_task, listed, narrowed_per_task, plan
 from slurmdist.errors import BackendError
 from slurmdist.exporting import torchrun_variables
 
@@ -212,6 +212,44 @@ def test_npu_narrowed_per_task_is_ordinal_zero(case):
             assert ordinal({**environ, "SLURMDIST_SHARE_DEVICES": "1"}, 1, device_type="npu") == 0
     # Two NPUs left to a task of two local ranks: local rank picks among them, as before.
     assert ordinal({**case("slurm/srun_N2_tpn2")[1], "ASCEND_RT_VISIBLE_DEVICES": "2,3"}, 2, device_type="npu") == 1
+
+
+def test_a_visibility_list_longer_than_torch_counts_is_not_taken_for_one_gpu_per_task(case):
+    # srun --gpus-per-node=2 (captured): both tasks see "0,1". Torch counts 1 when a listed GPU is gone
+    # (CUDA stops at the first unusable entry) or they are MIG instances (a process uses only the first).
+    for task in case("slurm/srun_gpus_per_node2"):
+        assert len(listed(task["CUDA_VISIBLE_DEVICES"])) == 2 and task["SLURM_GPUS_ON_NODE"] == "2"
+        assert not narrowed_per_task(task, "cuda", 1, task_is_rank=True)
+        with pytest.raises(BackendError, match=r"2 tasks on this node need a cuda device each, and "
+                                               r"CUDA_VISIBLE_DEVICES='0,1' lists more, but torch sees only 1: "
+                                               r".*MIG instances.*SLURMDIST_SHARE_DEVICES=1"):
+            plan("cuda", detect(task).local_rank, 2, 1, task, task_is_rank=True, backend="nccl")
+        mig = {**task, "CUDA_VISIBLE_DEVICES": "MIG-aaaa,MIG-bbbb"}
+        with pytest.raises(BackendError, match="CUDA_VISIBLE_DEVICES='MIG-aaaa,MIG-bbbb' lists more"):
+            ordinal(mig, 1)
+        assert ordinal({**mig, "SLURMDIST_SHARE_DEVICES": "1"}, 1) == 0
+    # One process alone needs one device: the first it sees is fine. So is one listed GPU per task.
+    assert device_ordinal("cuda", 0, 1, 1, {"CUDA_VISIBLE_DEVICES": "0,1"}) == 0
+    assert ordinal({**case("slurm/srun_gpus_per_node2")[1], "CUDA_VISIBLE_DEVICES": "1"}, 1) == 0
+    with pytest.raises(BackendError, match="ASCEND_RT_VISIBLE_DEVICES='0,1' lists more.*npu-smi"):
+        device_ordinal("npu", 1, 2, 1, {"ASCEND_RT_VISIBLE_DEVICES": "0,1"}, task_is_rank=True)
+
+
+def test_a_binding_count_of_another_resource_is_not_the_gpus():
+    assert gpus_per_task({"SLURMD_TRES_BIND": "gres/gpu:closest+gres/nic:per_task:1"}) is None
+    assert gpus_per_task({"SLURMD_TRES_BIND": "gres/nic:closest+gres/gpu:per_task:2"}) == 2
+
+
+def test_npu_messages_name_the_container_runtimes_variable():
+    with pytest.raises(BackendError, match="ASCEND_VISIBLE_DEVICES='1'") as raised:
+        plan("npu", 1, 4, 1, {"ASCEND_VISIBLE_DEVICES": "1"}, task_is_rank=True, backend="hccl")
+    assert "ASCEND_RT_VISIBLE_DEVICES is not set" not in str(raised.value)
+
+
+def test_an_explicit_ordinal_past_the_visible_devices_says_they_count_from_zero():
+    with pytest.raises(BackendError, match=r"cuda:3 asked for, .*CUDA_VISIBLE_DEVICES='3'.*counts within the "
+                                           r"visible devices, from 0.*device='cuda:N' with N below 1"):
+        plan("cuda", 0, 1, 1, {"CUDA_VISIBLE_DEVICES": "3"}, index=3)
 
 
 def test_rocm_messages_show_the_variables_slurm_set(case):
