@@ -152,8 +152,11 @@ def mpi_share_master(comm: Any, env: DistEnv, master: Optional[str], deadline: D
             raise RendezvousError(
                 f"rank {comm.Get_rank()}: rank 0's address was not shared over MPI within {deadline.seconds:.0f} s "
                 f"(world size {comm.Get_size()}): the other ranks have not all reached slurmdist.init(), "
-                "`slurmdist run` or `slurmdist env --format shell` (crashed, stuck before it, or never calling it). "
-                "This process ends the MPI job when it exits"
+                "`slurmdist run` or `slurmdist env --format shell` (crashed, stuck before it, or never calling it), "
+                "or this is a second program started in the same mpirun rank after the first (`mpirun bash -c "
+                "\"python a.py && python b.py\"`), whose MPI cannot reach the other ranks': MPI starts once per rank, "
+                "so run such programs under `mpirun ... slurmdist run -- bash -c \"...\"`. This process ends the MPI "
+                "job when it exits"
             )
         time.sleep(next(pauses))
     _abort_at_exit(0)  # a retry the caller made after a timeout went through: finalize as usual
