@@ -45,7 +45,8 @@ from .errors import SlurmdistError
 from .requeue import (DEFAULT_SIGNAL_DELAY, SIGNAL_VARIABLE, RequeueError, Resumable, parse_signal, requeue_limit,
                       signal_delay_problem, slurm_name)
 from .sbatch_render import (
-    ENDS_THE_SETUP, HAND_ON_CPUS_PER_TASK, OPTION_NAME, managed_option, memory_size_fault, setup_syntax_problem,
+    ENDS_THE_SETUP, HAND_ON_CPUS_PER_TASK, HAND_ON_ENVIRONMENT, OPTION_NAME, managed_option, memory_size_fault,
+    setup_syntax_problem,
 )
 from .task_command import Command, CommandFailed
 
@@ -297,9 +298,12 @@ def signal_variables(resources: Resources) -> Dict[str, str]:
 
 
 def environment_lines(resources: Resources) -> List[str]:
-    """Shell lines run in the batch script before srun: the signal variables and, for Slurm 22.05 and later,
-    `SRUN_CPUS_PER_TASK` (srun there no longer takes --cpus-per-task from the job: each task would get one CPU)."""
-    lines = [f"export {key}={shlex.quote(value)}" for key, value in signal_variables(resources).items()]
+    """Shell lines run in the batch script before srun: the environment handed on to srun under
+    `--export=NONE` (submitit's tasks find their job through a variable its script exports), the signal
+    variables and, for Slurm 22.05 and later, `SRUN_CPUS_PER_TASK` (srun there no longer takes --cpus-per-task
+    from the job: each task would get one CPU)."""
+    lines = [HAND_ON_ENVIRONMENT]
+    lines += [f"export {key}={shlex.quote(value)}" for key, value in signal_variables(resources).items()]
     if resources.cpus_per_task:
         lines.append(HAND_ON_CPUS_PER_TASK)
     # Where this run's part of the batch log begins: submitit appends each run to it (see `_srun_said`).

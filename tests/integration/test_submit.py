@@ -148,6 +148,18 @@ def test_cli_wait_exits_with_the_job_status(cluster, tmp_path):
     assert "Traceback" not in proc.stderr  # the task's own plumbing says nothing the first line does not
 
 
+def test_cli_submit_works_where_jobs_are_submitted_with_export_none(cluster, tmp_path):
+    # Sites that set SBATCH_EXPORT=NONE: sbatch leaves SLURM_EXPORT_ENV=NONE in the batch script, and srun
+    # started submitit's tasks without the variable that tells them they run under Slurm.
+    proc = cluster.run(
+        [PYTHON, "-m", "slurmdist", "submit", "--nodes", "2", "--tasks-per-node", "1", "--time", "5",
+         "--folder", tmp_path / "%j", "--wait", "--timeout", TIMEOUT, "--",
+         PYTHON, "-c", "import os; print('task', os.environ['SLURM_PROCID'], 'ran')"],
+        timeout=TIMEOUT + 30, check=False, env={"SBATCH_EXPORT": "NONE"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "task 0 ran" in proc.stdout and "COMPLETED" in proc.stderr
+
+
 def test_cli_reports_sbatchs_refusal_once(cluster, tmp_path):
     proc = cluster.run([PYTHON, "-m", "slurmdist", "submit", "--partition", "nosuchpart", "--folder",
                         tmp_path / "%j", "--", "true"], timeout=60, check=False)
