@@ -12,6 +12,7 @@ strict pattern or the command exits 2 naming the option.
 from __future__ import annotations
 
 import argparse
+import getpass
 import os
 import re
 import shlex
@@ -555,13 +556,9 @@ def _sbatch(args: argparse.Namespace) -> int:
     for warning in (devices_not_asked_for(spec), workers_without_cores(spec)):
         if warning is not None:
             print(f"slurmdist sbatch: warning: {warning}", file=sys.stderr)
-    folder = missing_log_folder(spec.output)
-    if folder is not None:
-        patterned = " (and the folders its %-patterns name, which Slurm does not create either)" \
-            if "%" in os.path.dirname(spec.output) else ""
-        print(f"slurmdist sbatch: warning: the log folder {folder!r} of --output {spec.output!r} does not exist here; "
-              f"Slurm writes no log at all when it is missing as the job starts. Create it first: mkdir -p "
-              f"{shlex.quote(folder)}{patterned}", file=sys.stderr)
+    problem = log_problem(spec.output, spec.job_name, dict(spec.extra).get("chdir"))
+    if problem is not None:
+        print(f"slurmdist sbatch: warning: {problem}", file=sys.stderr)
     if args.write == "":
         raise SbatchError("--write '' names no file: give a file name, or leave --write out (or give -) for stdout")
     if args.write not in (None, "-"):
@@ -649,12 +646,37 @@ def setup_syntax_problem(setup: Sequence[str], option: str = "--setup") -> Optio
             "while, { and heredoc they open is closed in them too")
 
 
-def missing_log_folder(output: str) -> Optional[str]:
-    """The folder of an `--output` pattern when it does not exist (relative ones from here, where sbatch is
-    usually run); None when it exists, there is none, or it holds a pattern (`%x/`) that only the job fills."""
-    folder = os.path.dirname(output)
-    if "%" in folder:  # `logs/%x/...`: the job fills the rest in, but `logs` must be there already
-        folder = folder.partition("%")[0].rpartition("/")[0]
-    if not folder or os.path.isdir(folder):
-        return None
-    return folder
+# Slurm's filename patterns: %x, %j, ... with an optional zero-padding width (%3t); "%%" is a literal %.
+_LOG_PATTERN = re.compile(r"%(\d*)([A-Za-z%])")
+
+
+def log_problem(output: str, job_name: str, chdir: Optional[str] = None) -> Optional[str]:
+    """Why Slurm would write no log for `--output` (it opens the log before the script runs, creates no folder,
+    and then writes none and says nothing), for a warning; None when nothing shows. Relative patterns count from
+    `chdir` (the job's --chdir), else from here, where sbatch is usually run."""
+
+    def known_now(found: "re.Match[str]") -> str:  # what a pattern becomes that is known before the job starts
+        letter = found[2]
+        if letter == "%":
+            return "%"
+        if letter == "x":
+            return job_name
+        return getpass.getuser() if letter == "u" else found[0]
+
+    job_time = [found[0] for found in _LOG_PATTERN.finditer(os.path.dirname(output)) if found[2] not in "%xu"]
+    path = _LOG_PATTERN.sub(known_now, output)
+    here = "here" if chdir is None else f"in --chdir {chdir!r}"
+    base = chdir or "."
+    folder = os.path.dirname(path)
+    if job_time:  # `logs/%j/out.txt`: a folder per job, which nobody creates
+        return (f"the folder part of --output {output!r} holds {job_time[0]}, which only the job fills in, and "
+                f"Slurm creates no folder: the job would have no log. Keep such patterns in the file name: "
+                f"--output {folder[:folder.index(job_time[0])]}%x-%j.out")
+    if output.endswith("/") or os.path.isdir(os.path.join(base, path)):
+        return (f"--output {output!r} is a folder {here}: Slurm opens the log as a file, cannot, and the job fails "
+                f"without one. Give a file pattern in it: --output {output.rstrip('/')}/%x-%j.out")
+    if folder and not os.path.isdir(os.path.join(base, folder)):
+        return (f"the log folder {folder!r} of --output {output!r} does not exist {here}; Slurm writes no log at all "
+                f"when it is missing as the job starts. Create it first: mkdir -p "
+                f"{shlex.quote(os.path.join(chdir, folder) if chdir else folder)}")
+    return None
