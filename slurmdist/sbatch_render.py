@@ -12,6 +12,7 @@ strict pattern or the command exits 2 naming the option.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import getpass
 import os
 import re
@@ -661,7 +662,10 @@ def log_problem(output: str, job_name: str, chdir: Optional[str] = None) -> Opti
             return "%"
         if letter == "x":
             return job_name
-        return getpass.getuser() if letter == "u" else found[0]
+        if letter == "u":
+            with contextlib.suppress(KeyError, OSError):  # a uid without a passwd entry, and no USER
+                return getpass.getuser()
+        return found[0]
 
     job_time = [found[0] for found in _LOG_PATTERN.finditer(os.path.dirname(output)) if found[2] not in "%xu"]
     path = _LOG_PATTERN.sub(known_now, output)
