@@ -678,6 +678,10 @@ def _raised_while_pickling(error: BaseException) -> bool:
         "pickle" in os.path.basename(frame.filename) for frame in frames)
 
 
+# The patterns submitit fills in a folder as Slurm does (%a aside: see `job_folder`).
+FOLDER_PATTERNS = ("%j", "%A")
+
+
 def job_folder(folder: Union[str, os.PathLike]) -> Path:
     """`folder` as a Path, refused when submitit cannot use it: it places a job's submission file under the
     job id sbatch printed, which for a job array names no element, so a `%a` in the folder failed after the job
@@ -686,6 +690,12 @@ def job_folder(folder: Union[str, os.PathLike]) -> Path:
         raise SubmitError(f"folder={os.fspath(folder)!r}: %a (the array index) cannot be in the folder, since "
                           "submitit files an array's submission before any element has an index. Use %j (an "
                           "element's id is ARRAYID_INDEX, so each gets its own folder) or %A (one folder per array)")
+    unknown = [found for found in re.findall(r"%\d*[A-Za-z%]", os.fspath(folder)) if found not in FOLDER_PATTERNS]
+    if unknown:
+        raise SubmitError(f"folder={os.fspath(folder)!r}: {unknown[0]} is a pattern Slurm fills in the job's log path "
+                          "but submitit does not, so the two would look in different folders and the job would fail "
+                          f"without a log. Use only {', '.join(FOLDER_PATTERNS)} in the folder (%j: the job id), and "
+                          "write the rest out (the job's name instead of %x)")
     return Path(folder)
 
 

@@ -9,6 +9,7 @@ import os
 import shlex
 import signal
 import subprocess
+import re
 import sys
 import time
 from datetime import datetime
@@ -18,6 +19,7 @@ from types import SimpleNamespace
 import pytest
 
 from tests.integration.cluster import require
+from slurmdist import cli
 from slurmdist.submit import (
     FINISHED_STATES, Resources, SubmitError, Submitter, choose_cluster, local_parameters, parse_mem, parse_state,
     parse_time, signal_variables, slurm_parameters,
@@ -746,6 +748,19 @@ def test_an_array_index_in_the_folder_is_refused_before_anything_is_queued(tmp_p
     bin_dir = fake_submitting_tools(tmp_path, monkeypatch, 'touch "$(dirname "$0")/queued"; echo "Submitted batch job 42"')
     with pytest.raises(SubmitError, match=r"%a \(the array index\) cannot be in the folder.*Use %j"):
         Submitter(cluster="slurm", folder=tmp_path / folder).map_array(print, [1, 2])
+    assert not (bin_dir / "queued").exists()
+
+
+@pytest.mark.parametrize("folder, pattern", [("y/%x/%j", "%x"), ("logs/%u/%j", "%u"), ("logs/%j_%t", "%t"),
+                                             ("logs/%N", "%N"), ("logs/100%%/%j", "%%"), ("logs/%5j", "%5j")])
+def test_a_folder_pattern_submitit_does_not_fill_in_is_refused_before_anything_is_queued(tmp_path, monkeypatch,
+                                                                                          folder, pattern):
+    # Slurm filled %x in the job's log path, submitit did not in its own: the job failed, its log nowhere.
+    bin_dir = fake_submitting_tools(tmp_path, monkeypatch, 'touch "$(dirname "$0")/queued"; echo "Submitted batch job 42"')
+    with pytest.raises(SubmitError, match=rf"{re.escape(pattern)} is a pattern Slurm fills in .*Use only %j, %A"):
+        Submitter(cluster="slurm", folder=tmp_path / folder).submit_command(["true"])
+    assert not (bin_dir / "queued").exists()
+    assert cli.main(["submit", "--cluster", "slurm", "--folder", str(tmp_path / folder), "--", "true"]) == 2
     assert not (bin_dir / "queued").exists()
 
 
