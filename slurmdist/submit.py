@@ -235,6 +235,11 @@ class Resources:
             if not isinstance(line, str):
                 raise SubmitError(f"setup[{index}]={line!r} is not a shell line: give each line as text, e.g. "
                                   "setup=['module load cuda', 'export OMP_NUM_THREADS=4']")
+        script_text = [("name=", self.name), ("partition=", self.partition), ("account=", self.account),
+                       *(("the setup line ", line) for line in self.setup),
+                       *(("the sbatch option ", f"{key}={value}") for key, value in self.sbatch.items())]
+        for name, value in script_text:
+            refuse_undecodable(name, value)
         problem = setup_syntax_problem(list(self.setup), option="setup")
         if problem is not None:  # found when the job starts, after its wait in the queue, otherwise
             raise SubmitError(problem)
@@ -678,6 +683,17 @@ def _raised_while_pickling(error: BaseException) -> bool:
         "pickle" in os.path.basename(frame.filename) for frame in frames)
 
 
+def refuse_undecodable(shown: str, value: Any) -> None:
+    """Text that goes into the job script, which is written as UTF-8: bytes that are not UTF-8, as a shell passes
+    them on (`--name $'\\xff'`), reach Python as lone surrogates, and submitit failed on them with a traceback."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise SubmitError(f"{shown}{value!r} holds bytes that are not UTF-8 text (shown as \\udcXX), and the "
+                              "job script is written as UTF-8: spell it in UTF-8") from None
+
+
 # The patterns submitit fills in a folder as Slurm does (%a aside: see `job_folder`).
 FOLDER_PATTERNS = ("%j", "%A")
 
@@ -686,6 +702,7 @@ def job_folder(folder: Union[str, os.PathLike]) -> Path:
     """`folder` as a Path, refused when submitit cannot use it: it places a job's submission file under the
     job id sbatch printed, which for a job array names no element, so a `%a` in the folder failed after the job
     was queued (and the job, missing its files, failed too)."""
+    refuse_undecodable("folder=", os.fspath(folder))
     if "%a" in os.fspath(folder):
         raise SubmitError(f"folder={os.fspath(folder)!r}: %a (the array index) cannot be in the folder, since "
                           "submitit files an array's submission before any element has an index. Use %j (an "

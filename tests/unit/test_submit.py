@@ -764,6 +764,25 @@ def test_a_folder_pattern_submitit_does_not_fill_in_is_refused_before_anything_i
     assert not (bin_dir / "queued").exists()
 
 
+@pytest.mark.parametrize("args, said", [
+    (["--name", "\udcff"], "--name '\\udcff' holds bytes that are not UTF-8 text"),
+    (["--partition", "gpu\udcff"], "--partition 'gpu\\udcff' holds bytes"),
+    (["--setup", "echo \udcff"], "the setup line 'echo \\udcff' holds bytes"),
+    (["--sbatch", "comment=\udcff"], "the sbatch option 'comment=\\udcff' holds bytes"),
+    (["--folder", "\udcff/%j"], "--folder '\\udcff/%j' holds bytes"),
+])
+def test_bytes_that_are_not_utf8_in_the_job_script_are_refused_naming_the_option(tmp_path, monkeypatch, capsys,
+                                                                                  args, said):
+    # What a shell passes for $'\xff': submitit wrote the job script as UTF-8 and failed with a traceback,
+    # leaving its pickle behind.
+    monkeypatch.chdir(tmp_path)
+    bin_dir = fake_submitting_tools(tmp_path, monkeypatch, 'touch "$(dirname "$0")/queued"; echo "Submitted batch job 42"')
+    assert cli.main(["submit", "--cluster", "slurm", *args, "--", "true"]) == 2
+    err = capsys.readouterr().err
+    assert said in err and "spell it in UTF-8" in err and "Traceback" not in err, err
+    assert not (bin_dir / "queued").exists() and not (tmp_path / "slurmdist-logs").exists()
+
+
 def test_a_job_folder_that_cannot_be_made_is_a_submit_error_naming_it(tmp_path):
     # submitit writes the job's pickles there before it starts the job (sbatch, or the local controller).
     blocker = tmp_path / "a-file"
