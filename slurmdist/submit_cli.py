@@ -221,6 +221,10 @@ def follow(job: Any, timeout: float, out: Optional[Any] = None) -> int:
     return 0
 
 
+# How submitit's logger starts a line: "submitit INFO (2026-11-30 06:40:00,123) - Job completed successfully".
+_SUBMITIT_LINE = re.compile(r"submitit (?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \(\d{4}-\d\d-\d\d ")
+
+
 class LogTail:
     """New complete lines of a growing log file, without submitit's own bookkeeping lines."""
 
@@ -240,6 +244,9 @@ class LogTail:
         self.offset += end
         out = self.out or sys.stdout
         for line in data[:end].decode(errors="replace").splitlines():
-            if not line.startswith("submitit "):
-                print(line, file=out)
+            if line.startswith("submitit "):
+                continue
+            # Output that ended without a newline has submitit's next line glued to it.
+            glued = _SUBMITIT_LINE.search(line)
+            print(line[:glued.start()] if glued else line, file=out)
         out.flush()

@@ -101,6 +101,11 @@ def test_log_tail_prints_new_complete_lines_without_submitit_noise(tmp_path):
         stream.write("0/40\ndone\n")
     tail.flush()
     assert out.getvalue() == "step 10/40\nstep 20/40\ndone\n"
+    # Output that ended without a newline: submitit's next line is glued to it, and only the output is shown.
+    with log.open("a") as stream:
+        stream.write("x" "submitit INFO (2026-11-30 06:40:00,123) - Job completed successfully\n")
+    tail.flush()
+    assert out.getvalue().endswith("done\nx\n")
 
 
 def test_timeout_without_wait_is_refused_before_submitting(capsys):
