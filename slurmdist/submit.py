@@ -142,6 +142,10 @@ class JobTimeoutError(SubmitError):
 # --- pure: options -> submitit parameters ---------------------------------------------------------------------
 
 
+# How sbatch's --time says "no limit" (besides 0).
+NO_LIMIT = ("UNLIMITED", "INFINITE")
+
+
 def parse_time(value: Union[int, float, str]) -> int:
     """A time limit in whole minutes, from minutes (int/float) or Slurm's forms: MM, MM:SS, HH:MM:SS, D-HH,
     D-HH:MM, D-HH:MM:SS. submitit needs minutes: it also uses them to tell a time-out from a preemption."""
@@ -149,8 +153,14 @@ def parse_time(value: Union[int, float, str]) -> int:
         raise SubmitError(f"time={value!r} is not a duration")
     if isinstance(value, (int, float)):
         minutes = float(value)
+    elif str(value).strip().upper() in NO_LIMIT:
+        minutes = 0.0
     else:
         minutes = _slurm_time_minutes(str(value).strip())
+    if minutes == 0 or (isinstance(value, float) and math.isinf(value)):  # sbatch's "no limit" ("0", UNLIMITED)
+        raise SubmitError(f"time={value!r} means no time limit to Slurm, but a job slurmdist submits needs one: the "
+                          "requeue warning comes signal_delay before it, and submitit tells a time-out from a "
+                          "preemption by it. Give the partition's longest (sinfo -o '%P %l'), e.g. time='7-00:00:00'")
     if not math.isfinite(minutes) or minutes <= 0:
         raise SubmitError(f"time={value!r} must be a positive duration")
     return max(1, math.ceil(minutes))
@@ -235,11 +245,6 @@ class Resources:
             if not isinstance(line, str):
                 raise SubmitError(f"setup[{index}]={line!r} is not a shell line: give each line as text, e.g. "
                                   "setup=['module load cuda', 'export OMP_NUM_THREADS=4']")
-        script_text = [("name=", self.name), ("partition=", self.partition), ("account=", self.account),
-                       *(("the setup line ", line) for line in self.setup),
-                       *(("the sbatch option ", f"{key}={value}") for key, value in self.sbatch.items())]
-        for name, value in script_text:
-            refuse_undecodable(name, value)
         problem = setup_syntax_problem(list(self.setup), option="setup")
         if problem is not None:  # found when the job starts, after its wait in the queue, otherwise
             raise SubmitError(problem)
@@ -252,6 +257,11 @@ class Resources:
         except RequeueError as error:
             raise SubmitError(str(error)) from None
         _check_sbatch_options(self.sbatch)
+        script_text = [("name=", self.name), ("partition=", self.partition), ("account=", self.account),
+                       *(("the setup line ", line) for line in self.setup),
+                       *(("the sbatch option ", f"{key}={value}") for key, value in self.sbatch.items())]
+        for name, value in script_text:
+            refuse_undecodable(name, value)
 
     def _check_signal_delay(self, minutes: int) -> None:
         problem = signal_delay_problem(self.signal_delay, minutes, what=f"signal_delay={self.signal_delay} s",

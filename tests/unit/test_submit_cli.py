@@ -69,6 +69,13 @@ def test_sbatch_needs_a_key():
     (["submit", "--nodes", "0", "--", "true"], "--nodes 0 must be a whole number >= 1"),
     (["submit", "--time", "soon", "--", "true"], "--time 'soon' is not a Slurm time"),
     (["submit", "--signal", "NOPE", "--", "true"], "--signal 'NOPE' is not a signal name"),
+    # sbatch's spellings of "no limit" and of the signal with its delay, told in slurmdist submit's terms
+    *[(["submit", "--time", no_limit, "--", "true"], f"--time '{no_limit}' means no time limit to Slurm, but a job "
+       "slurmdist submits needs one: the requeue warning comes --signal-delay before it")
+      for no_limit in ("0", "UNLIMITED", "infinite")],
+    (["submit", "--signal", "USR2@60", "--", "true"], "--signal 'USR2@60' is sbatch's SIG@SECONDS form; give the "
+     "signal alone (USR2) and the seconds before the time limit apart, as --signal-delay"),
+    (["submit", "--signal", "", "--", "true"], "--signal '' names no signal: a job slurmdist submits always asks"),
     (["submit", "--mem", "32", "--", "true"], "--mem 32 has no unit: sbatch reads a bare number as megabytes"),
     # ... but what the user typed in quotes stays as typed, and prose keeps its words
     (["submit", "--sbatch", "cpus_per_task=4", "--", "true"], "sbatch option 'cpus_per_task' is set by slurmdist"),
