@@ -109,6 +109,10 @@ class _Subcommand(_Parser):
     leave them to the top-level parser, whose usage (`slurmdist [-h] [--version] COMMAND ...`) does not
     show the options the user got wrong."""
 
+    # What to use instead of an sbatch option the command sets itself ("--output" -> "use --folder DIR"), for
+    # the command whose options those are; None for any other word.
+    instead_of: Callable[[str], Optional[str]] = staticmethod(lambda word: None)
+
     def parse_known_args(  # type: ignore[override]
         self, args: Optional[Sequence[str]] = None, namespace: Optional[argparse.Namespace] = None
     ) -> Tuple[argparse.Namespace, List[str]]:
@@ -118,6 +122,9 @@ class _Subcommand(_Parser):
             if "--sbatch" in self._option_string_actions and any(extra.startswith("-") for extra in extras):
                 hint = ("; any other sbatch option goes through --sbatch with its long name: --sbatch exclusive, "
                         "--sbatch constraint=a100")
+            said = next(filter(None, map(self.instead_of, extras)), None)
+            if said is not None:  # an sbatch option the command sets itself: --sbatch would refuse it too
+                hint = f"; {said}"
             self.error(f"unrecognized arguments: {' '.join(extras)}{hint}")
         return parsed, extras
 

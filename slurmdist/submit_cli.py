@@ -32,6 +32,23 @@ EXIT_TIMEOUT = 124
 EXIT_INTERRUPTED = 130  # what a shell reports for a command Ctrl-C ended
 
 
+# sbatch's short options whose long names submit sets itself.
+_SHORT_SBATCH = {"-o": "output", "-e": "error", "-a": "array", "-n": "ntasks"}
+
+
+def _instead_of(word: str) -> Optional[str]:
+    """What to use for `word` when it is an sbatch option this command sets itself (`--output x`: --folder)."""
+    from .sbatch_render import managed_option
+    from .submit import MANAGED_OPTIONS
+
+    option = word.partition("=")[0]
+    name = _SHORT_SBATCH.get(option) or (option[2:] if option.startswith("--") else None)
+    managed = managed_option(name, MANAGED_OPTIONS) if name else None
+    if managed is None:
+        return None
+    return f"sbatch's --{managed} is slurmdist submit's to set; instead: {in_option_terms(MANAGED_OPTIONS[managed])}"
+
+
 def register(subparsers: Any) -> None:
     """Add the `submit` command to the `slurmdist` parser's subcommands."""
     parser = subparsers.add_parser(
@@ -40,6 +57,7 @@ def register(subparsers: Any) -> None:
         "torchrun-style script (a plain init_process_group() that reads RANK, WORLD_SIZE, MASTER_ADDR) runs under "
         "`slurmdist submit [options] -- slurmdist run -- python train.py`.",
     )
+    parser.instead_of = _instead_of
     shape = parser.add_argument_group("job shape")
     shape.add_argument("--nodes", "-N", type=int, default=1)
     shape.add_argument("--gpus-per-node", "-G", type=int, default=0, help="one task per GPU")

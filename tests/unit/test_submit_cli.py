@@ -115,6 +115,23 @@ def test_log_tail_prints_new_complete_lines_without_submitit_noise(tmp_path):
     assert out.getvalue().endswith("done\nx\n")
 
 
+@pytest.mark.parametrize("option, instead", [
+    (["--output", "x.log"], "sbatch's --output is slurmdist submit's to set; instead: --folder DIR"),
+    (["-o", "x.log"], "sbatch's --output is slurmdist submit's to set; instead: --folder DIR"),
+    (["--error=x.err"], "sbatch's --error is slurmdist submit's to set; instead: --folder DIR"),
+    (["--open-mode", "append"], "instead: nothing: the logs are appended to"),
+    (["--exclusive"], "any other sbatch option goes through --sbatch with its long name: --sbatch exclusive"),
+])
+def test_an_sbatch_option_submit_sets_itself_is_told_what_to_use_instead(option, instead, capsys):
+    # "goes through --sbatch" was a dead end for these: --sbatch output=... is refused too.
+    from slurmdist.cli import main
+
+    with pytest.raises(SystemExit) as usage:
+        main(["submit", "--cluster", "local", *option, "--", "true"])
+    assert usage.value.code == 2
+    assert instead in capsys.readouterr().err
+
+
 def test_timeout_without_wait_is_refused_before_submitting(capsys):
     from slurmdist.cli import main
 
