@@ -1,4 +1,4 @@
-"""`python -m benchmarks [--quick] [--only hostlist,startup,bootstrap,scaling] [--out DIR]`.
+"""`python -m benchmarks [--quick] [--only NAMES] [--ranks 4,8] [--use-allocation] [--out DIR]`.
 
 Runs the chosen benchmarks one after the other and writes DIR/benchmarks.md (default: docs/) with plots in
 DIR/img/. A benchmark that fails is reported as failed in the page and the others still run.
@@ -9,7 +9,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import signal
 import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -21,10 +23,13 @@ from .context import Context
 MODULES = {"hostlist": "hostlists", "startup": "startup", "bootstrap": "bootstrap", "scaling": "scaling"}
 TITLES = {"hostlist": "Hostlists", "startup": "Start-up cost", "bootstrap": "Bootstrap latency", "scaling": "Scaling"}
 TEXT = Path(__file__).resolve().parent / "text"
+DESCRIPTION = ("Measure slurmdist against its peers (torchrun, python-hostlist, submitit, scontrol) in one run and "
+               "write DIR/benchmarks.md with plots in DIR/img/. DIR defaults to the repository's docs/, the "
+               "committed page: give --out for a trial run, --quick above all.")
 
 
 def parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=DESCRIPTION)
     parser.add_argument("--quick", action="store_true", help="fewer runs and sizes (a few minutes)")
     parser.add_argument("--only", default=",".join(MODULES),
                         help=f"comma-separated subset of: {','.join(MODULES)} (default: all)")
@@ -33,7 +38,7 @@ def parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser.add_argument("--use-allocation", action="store_true",
                         help="bootstrap inside the current Slurm allocation (a GPU cluster) instead of the local "
                              "test cluster: srun with slurmdist vs torchrun on every node")
-    parser.add_argument("--out", type=Path, default=machine.REPO / "docs",
+    parser.add_argument("--out", type=Path, default=machine.REPO / "docs", metavar="DIR",
                         help="directory for benchmarks.md and img/ (default: the repository's docs/)")
     args = parser.parse_args(argv)
     chosen = [name.strip() for name in args.only.split(",") if name.strip()]
@@ -45,8 +50,23 @@ def parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
         args.ranks = tuple(int(r) for r in args.ranks.split(",")) if args.ranks else None
     except ValueError:
         parser.error(f"--ranks takes comma-separated integers; got {args.ranks!r}")
+    if args.ranks is not None and min(args.ranks) < 2:
+        parser.error("--ranks takes world sizes of 2 or more (a rendezvous needs two ranks); got "
+                     f"{','.join(map(str, args.ranks))}")
+    for given, option, needs in ((args.ranks, "--ranks", "bootstrap"),
+                                 (args.use_allocation, "--use-allocation", "bootstrap")):
+        if given and needs not in chosen:
+            parser.error(f"{option} applies to the {needs} benchmark, which --only {','.join(chosen)} leaves out")
+    if args.use_allocation and "scaling" in chosen:  # it starts the local test cluster, inside the allocation
+        parser.error("--use-allocation runs the bootstrap benchmark only: leave scaling out of --only")
     if args.use_allocation and "SLURM_JOB_ID" not in os.environ:
         parser.error("--use-allocation runs inside a Slurm allocation (salloc/sbatch): SLURM_JOB_ID is not set")
+    try:  # before anything runs: the page is written last, after every benchmark
+        (args.out / "img").mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=args.out):
+            pass
+    except OSError as error:
+        parser.error(f"--out {str(args.out)!r}: cannot write there ({error.strerror or error})")
     return args
 
 
@@ -87,6 +107,10 @@ def compile_slurmdist() -> None:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse(argv)
+    # `timeout`, `kill` and a closed terminal stop a run with a signal, which skips the exit hooks that stop the
+    # local cluster it started: end through SystemExit instead, so they run.
+    for stop in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(stop, lambda signum, frame: sys.exit(128 + signum))
     compile_slurmdist()
     info = machine.describe()
     ctx = Context(quick=args.quick, img_dir=args.out / "img", machine=machine.summary(info), ranks=args.ranks,

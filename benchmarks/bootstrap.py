@@ -14,6 +14,7 @@ would otherwise drown the bootstrap. Results are kept for the scaling benchmark,
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -237,7 +238,7 @@ def measure(names: Sequence[str], ranks: int, runs: int, ctx: Context) -> Dict[s
     """Run the named launches `runs` times each, interleaved; results also go to RESULTS."""
     results = {name: Result() for name in names}
 
-    def runner(name: str) -> Callable[[], float]:
+    def runner(name: str, record: bool = True) -> Callable[[], float]:
         def run() -> float:
             with tempfile.TemporaryDirectory(prefix="sd-bench-", dir=_chosen["sync_root"]) as work:
                 sync, out = os.path.join(work, "sync"), os.path.join(work, "out")
@@ -247,12 +248,16 @@ def measure(names: Sequence[str], ranks: int, runs: int, ctx: Context) -> Dict[s
                 extra = {"BENCH_SYNC_DIR": sync, "BENCH_RANKS": str(ranks), "BENCH_RESULT_DIR": out,
                          "OMP_NUM_THREADS": "1"}
                 wall, records = launches()[name](ranks, extra)
-            results[name].add(wall, records)
+            if record:
+                results[name].add(wall, records)
             return wall
 
         return run
 
     ctx.say(f"  {ranks} ranks: {', '.join(names)} x {runs}")
+    if not RESULTS:  # a fresh cluster's first job pays for cold daemons and caches: not any launch's sample
+        with contextlib.suppress(Exception):  # a launch that cannot run here fails in its timed runs
+            runner(names[0], record=False)()
     outcomes = interleave({name: runner(name) for name in names}, runs, warmup=0)
     for name, outcome in outcomes.items():
         if isinstance(outcome, Failure):
@@ -291,52 +296,62 @@ def _msm(value: Optional[Stats]) -> str:
     return "n/a" if value is None else f"{seconds(value.median)} ({seconds(value.min)}-{seconds(value.max)})"
 
 
-EXPLANATION = [
-    "- **per rank**: each rank's time from entering `slurmdist.init()` / `init_process_group()` to its first "
-    "all_reduce completing. Every rank enters together: the worker waits after importing torch until all ranks "
-    "have imported, so import skew (seconds on two busy cores) is left out. Each library's modules are loaded "
-    "before that point: the torch workers import torch.distributed, the slurmdist worker the modules `init()` "
-    "runs on, as `from slurmdist import init` does (their loading time is the phase table's first line; a "
-    "script that writes `import slurmdist` and calls `slurmdist.init()` pays it inside init instead).",
-    "- **CPU per rank**: the CPU time each rank's process (all its threads, rank 0's store server included) "
-    "spent over the same span. With more ranks than cores, one rank's CPU is every rank's wait.",
-    "- **last rank in -> last rank done**: the same, for the job as a whole (from the last rank entering init).",
-    "- **job wall time**: the launch command from start to exit, including interpreter start-up, importing "
-    "torch (the bulk of it here), the launcher's own work and teardown. For srun it includes Slurm allocating "
-    "the job (see `srun true` below).",
-    "- **one node**: `srun -N1`, every rank on the master's node, the shape `torchrun --standalone` has. The "
-    "two-node rows also pay, on this cluster, for node names that are not in DNS: each rank on node2 fails a "
-    "lookup of node1 and reads node1's NodeAddr from slurm.conf (MASTER_ADDR given skips both).",
-    "- **by hand, no library**: the least a start without an agent can do, written out in the worker "
-    "(`start_by_hand`: rank 0 serves a TCPStore, the others poll its port every millisecond and join, then "
-    "`init_process_group()`), launched like the MASTER_ADDR-given row, and with every rank on node1 like the "
-    "one-node row; gloo is told its interface (`GLOO_SOCKET_IFNAME=lo`), as slurmdist tells it, instead of "
-    "looking up node names this cluster's DNS does not know. Unlike torchrun's workers, its ranks wait for "
-    "whatever rank 0 does before its store listens. The distance from it to the slurmdist rows is "
-    "slurmdist's own cost.",
-    "- **why `slurmdist.init()` is above torchrun per rank**: torchrun's agent did the rendezvous and started "
-    "the store before its workers existed, so a worker's `init_process_group()` only joins a listening store "
-    "and builds the gloo mesh. `init()` does that work itself, in every rank: it reads the launch, rank 0 "
-    "listens and starts the store while the others join it, and every rank checks in (a few store round "
-    "trips). The by-hand rows do only the store part. Here 4-8 ranks share 2 "
-    "cores, so each millisecond of CPU one rank spends costs every rank 2-4 ms (the CPU column). What "
-    "slurmdist shortens is the launch as a whole (job wall time): no agent process and no separate rendezvous "
-    "round.",
-    "- **torchrun-style script + srun slurmdist run**: the torch worker (`init_process_group()` over env://, "
-    "as under torchrun) started by `srun slurmdist run`, whose rank 0 serves the store from before the command "
-    "starts, as torchrun's agent does (docs/init.md). `--no-store` is the same launch without that store "
-    "host: the ranks that reach the store before rank 0 sit in torch's connect back-off. The store host "
-    "imports torch beside the workers, which on 2 cores shows in the job wall time (torchrun's agent pays "
-    "the same), and in the per-rank time of a run where it is still importing when the workers enter: they "
-    "wait in the socket's backlog until it serves (torchrun's agent imports torch before it starts its "
-    "workers).",
-    "- **slurmdist + srun slurmdist run**: the `slurmdist.init()` worker under the same launch, so an agent "
-    "serves the store as under torchrun. Its distance to the torchrun-style row above is what `init()` itself "
-    "costs in every rank (reading the launch, choosing backend, device and interface, checking in) once the "
-    "wait for rank 0's store is gone.",
-    "- mpirun is Open MPI from PyPI; slurmdist reads its variables and takes rank 0's address over mpi4py only "
-    "when the launch spans several nodes.",
-]
+def explanation(sizes: Sequence[int], ran: Sequence[str]) -> List[str]:
+    """What the columns and rows mean, for the launches that ran (`ran`) at these `sizes`."""
+    cores = os.cpu_count() or 1
+    share = (f"Here {min(sizes)}-{max(sizes)}" if len(set(sizes)) > 1 else f"Here {sizes[0]}") + \
+        f" ranks share {cores} core{'s' if cores > 1 else ''}"
+    crowded = max(sizes) > cores
+    items = [
+        (None, "- **per rank**: each rank's time from entering `slurmdist.init()` / `init_process_group()` to its "
+         "first all_reduce completing. Every rank enters together: the worker waits after importing torch until all "
+         "ranks have imported, so import skew (seconds on busy cores) is left out. Each library's modules are loaded "
+         "before that point: the torch workers import torch.distributed, the slurmdist worker the modules `init()` "
+         "runs on, as `from slurmdist import init` does (their loading time is the phase table's first line; a "
+         "script that writes `import slurmdist` and calls `slurmdist.init()` pays it inside init instead)."),
+        (None, "- **CPU per rank**: the CPU time each rank's process (all its threads, rank 0's store server "
+         "included) spent over the same span. With more ranks than cores, one rank's CPU is every rank's wait."),
+        (None, "- **last rank in -> last rank done**: the same, for the job as a whole (from the last rank entering "
+         "init)."),
+        (None, "- **job wall time**: the launch command from start to exit, including interpreter start-up, "
+         "importing torch (the bulk of it here), the launcher's own work and teardown. For srun it includes Slurm "
+         "allocating the job (see `srun true` below)."),
+        (OURS_ONE_NODE, "- **one node**: `srun -N1`, every rank on the master's node, the shape `torchrun "
+         "--standalone` has. The two-node rows also pay, on this cluster, for node names that are not in DNS: each "
+         "rank on node2 fails a lookup of node1 and reads node1's NodeAddr from slurm.conf (MASTER_ADDR given "
+         "skips both)."),
+        (BY_HAND, "- **by hand, no library**: the least a start without an agent can do, written out in the worker "
+         "(`start_by_hand`: rank 0 serves a TCPStore, the others poll its port every millisecond and join, then "
+         "`init_process_group()`), launched like the MASTER_ADDR-given row, and with every rank on node1 like the "
+         "one-node row; gloo is told its interface (`GLOO_SOCKET_IFNAME=lo`), as slurmdist tells it, instead of "
+         "looking up node names this cluster's DNS does not know. Unlike torchrun's workers, its ranks wait for "
+         "whatever rank 0 does before its store listens. The distance from it to the slurmdist rows is "
+         "slurmdist's own cost."),
+        (TORCHRUN, "- **what separates `slurmdist.init()` from torchrun per rank**: torchrun's agent did the "
+         "rendezvous and started the store before its workers existed, so a worker's `init_process_group()` only "
+         "joins a listening store and builds the gloo mesh. `init()` does that work itself, in every rank: it reads "
+         "the launch, rank 0 listens and starts the store while the others join it, and every rank checks in (a "
+         "few store round trips). The by-hand rows do only the store part. " + (
+             f"{share}, so each millisecond of CPU one rank spends costs every rank up to "
+             f"{max(sizes) / cores:.3g} ms (the CPU column). " if crowded else "") +
+         "What slurmdist shortens is the launch as a whole (job wall time): no agent process and no separate "
+         "rendezvous round."),
+        (OURS_RUN, "- **torchrun-style script + srun slurmdist run**: the torch worker (`init_process_group()` over "
+         "env://, as under torchrun) started by `srun slurmdist run`, whose rank 0 serves the store from before the "
+         "command starts, as torchrun's agent does (docs/init.md). `--no-store` is the same launch without that "
+         "store host: the ranks that reach the store before rank 0 sit in torch's connect back-off. The store host "
+         "imports torch beside the workers, which on busy cores shows in the job wall time (torchrun's agent pays "
+         "the same), and in the per-rank time of a run where it is still importing when the workers enter: they "
+         "wait in the socket's backlog until it serves (torchrun's agent imports torch before it starts its "
+         "workers)."),
+        (OURS_UNDER_RUN, "- **slurmdist + srun slurmdist run**: the `slurmdist.init()` worker under the same launch, "
+         "so an agent serves the store as under torchrun. Its distance to the torchrun-style row above is what "
+         "`init()` itself costs in every rank (reading the launch, choosing backend, device and interface, checking "
+         "in) once the wait for rank 0's store is gone."),
+        ("slurmdist + mpirun", "- mpirun is Open MPI from PyPI; slurmdist reads its variables and takes rank 0's "
+         "address over mpi4py only when the launch spans several nodes."),
+    ]
+    return [text for launch, text in items if launch is None or launch in ran]
 
 HEADER = ["ranks", "launch", "per rank: init -> all_reduce done, median (min-max)", "/ slurmdist's",
           "CPU per rank (median)",
@@ -366,9 +381,10 @@ def run(ctx: Context) -> Section:
         _goal(section, ranks, results)
     section.add(*table(HEADER, rows), "")
     if baseline:
-        section.add("Slurm's own share of the srun wall time, `srun -N2 -nN true` in the same run: " + ", ".join(
+        section.add("Slurm's own share of the srun wall time, `srun true` with as many tasks, spread as the runs "
+                    "are, in the same run: " + ", ".join(
             f"{ranks} tasks {seconds(s.median)}" for ranks, s in baseline.items()) + ".", "")
-    section.add(*EXPLANATION, "")
+    section.add(*explanation(sizes, list(launches())), "")
     phase_table(section, sizes[-1])
     _plot(ctx, section, sizes)
     return section

@@ -52,9 +52,9 @@ def _start() -> Dict[str, str]:
         raise RuntimeError("srun is not installed (Debian: slurm-client; `scripts/local-cluster install`)")
     directory = tempfile.mkdtemp(prefix="sd-bench-")  # short: munge's socket path must stay under 108 bytes
     args = [str(SCRIPT), "start", "--dir", directory, "--nodes", str(NODES), "--cpus", str(CPUS), "--gpus", "0"]
-    done = subprocess.run(args, capture_output=True, text=True, timeout=START_TIMEOUT, env=clean_environ())
-    _state["dir"] = directory
+    _state["dir"] = directory  # before it starts: a run stopped while it starts stops what it got to
     atexit.register(stop)
+    done = subprocess.run(args, capture_output=True, text=True, timeout=START_TIMEOUT, env=clean_environ())
     if done.returncode != 0:
         raise RuntimeError(f"local-cluster start failed ({done.returncode}): {done.stderr.strip()[-400:]}")
     exports = _exports(done.stdout)

@@ -214,7 +214,8 @@ def _cases(ctx: Context, section: Section, tools, scontrol: Scontrol, runs: int)
         rows += timing_rows(outcomes, OURS, label=[label])
     section.add(*table(["case", *TIMING_HEADER], rows), "")
     section.add(f"`{OURS_WARM}` expands the list it expanded just before, with the numbers formatted then: what "
-                "a process that expands one nodelist again pays. It is not counted against the peers.", "")
+                "a process that expands one nodelist again pays. It is not counted against the peers; its ratio column "
+                "is against slurmdist's own first expansion (below 1: the memo pays off), not a peer's.", "")
     groups = list(results)
     values = chart_values(results, [*tools, OURS_WARM])
     image(section, plots.bars(ctx.img_dir / "hostlist-cases.png", [g.split(" (")[0] for g in groups], values,
@@ -308,25 +309,32 @@ def _linearity(ctx: Context, section: Section, tools, scontrol: Scontrol) -> Dic
     return by_tool
 
 
+FIRST_CALLS_PER_RUN = 200
+
+
 def _first(ctx: Context, section: Section, tools) -> None:
     from slurmdist.hostlist import first
 
     runs = ctx.runs(9, 3)
+    ours = f"{OURS} first(), mean of {FIRST_CALLS_PER_RUN} calls"
     section.add("The first host of a 100k-host list (the rendezvous host). Peers have no such function; "
                 "what their users write instead is to expand and take element 0. first() checks the whole "
-                "first item's syntax, so a list that is one long bracket costs time in its length.", "")
+                "first item's syntax, so a list that is one long bracket costs time in its length. A first() "
+                f"call is too short for one reading of the clock: each run times {FIRST_CALLS_PER_RUN} in a row "
+                "and gives their mean (later calls find the parser's patterns compiled), while each peer's "
+                "expand()[0] is one call.", "")
     for label, text in first_cases().items():
-        runners: Dict[str, Runner] = {f"{OURS} first()": timed_calls(lambda text=text: first(text), 200)}
+        runners: Dict[str, Runner] = {ours: timed_calls(lambda text=text: first(text), FIRST_CALLS_PER_RUN)}
         for name, expand in tools.items():
             if name != OURS:
                 runners[f"{name}: expand()[0]"] = timed(lambda expand=expand, text=text: expand(text)[0])
         outcomes = interleave(runners, runs)
-        section.add(f"{label}:", "", *table(TIMING_HEADER, timing_rows(outcomes, f"{OURS} first()")), "")
-        section.goals.append(_first_goal(outcomes.get(f"{OURS} first()"), label))
+        section.add(f"{label}:", "", *table(TIMING_HEADER, timing_rows(outcomes, ours)), "")
+        section.goals.append(_first_goal(outcomes.get(ours), label))
 
 
 def _first_goal(outcome: Optional[Outcome], label: str) -> Goal:
-    claim = f"`first()` under {seconds(FIRST_GOAL)} on the {label}"
+    claim = f"`first()` under {seconds(FIRST_GOAL)} on the {label} (mean of a run's calls)"
     if not isinstance(outcome, Stats):
         return Goal(claim, "failed", None)
     return Goal(claim, f"median {seconds(outcome.median)}", outcome.median < FIRST_GOAL)

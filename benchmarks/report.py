@@ -51,9 +51,14 @@ def _verdict(met: Optional[bool]) -> str:
 
 
 def seconds(value: float) -> str:
-    """A duration with a unit that keeps three significant digits."""
+    """A duration with a unit that keeps three significant digits (rounded first: 0.9996 s is "1 s", not
+    "1e+03 ms")."""
+    if value < 0:
+        return "-" + seconds(-value)
+    if value >= 999.5:  # .3g would write 1e+03
+        return f"{value:.0f} s"
     for unit, scale in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6)):
-        if value >= scale:
+        if float(f"{value:.3g}") >= scale:
             return f"{value / scale:.3g} {unit}"
     return f"{value / 1e-9:.3g} ns"
 

@@ -9,6 +9,7 @@ number of store operations, so the total must grow linearly with the world size.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from datetime import timedelta
@@ -35,7 +36,8 @@ def run(ctx: Context) -> Section:
 
 DNS_NOTE = (
     "A per-rank time of about 5 s (or a multiple of it) is a DNS query left unanswered, not start-up work: 5 s "
-    "is the resolver's timeout, this sandbox's DNS server leaves about 3 queries in 100 unanswered, and every "
+    "is the resolver's timeout, this sandbox's DNS server was seen to leave about 3 queries in 100 unanswered "
+    "(when this note was written; this run does not count them), and every "
     "rank makes some (torch's store client looks the store's address up in reverse, gloo looks up the node's "
     "own name unless told its interface, as slurmdist does and torchrun does not, and on this cluster the "
     "ranks on node2 look up node1, which is not in DNS). The more "
@@ -74,7 +76,8 @@ def _processes(ctx: Context, section: Section) -> None:
     section.add(DNS_NOTE, "")
     bootstrap.phase_table(section, sizes[-1])
     image(section, plots.lines(ctx.img_dir / "scaling-processes.png", series,
-                               title="Bootstrap vs world size (processes on 2 cores)", xlabel="ranks",
+                               title=f"Bootstrap vs world size (processes on {os.cpu_count()} cores)",
+                               xlabel="ranks",
                                ylabel="seconds (median)"), "bootstrap time against world size")
 
 
@@ -102,10 +105,10 @@ def _simulated(ctx: Context, section: Section) -> None:
                         "one rank names the missing 1/8", "message names them"], rows), "")
     section.add(f"Times are for all simulated ranks (the slower of the two processes per phase), which share "
                 f"{CONNECTIONS} store connections per process: opening one TCPStore client per simulated rank "
-                "stalled 5 s about once in 30 connections on this machine, which would have made the run "
-                "minutes long: torch's client looks the store's address up in reverse on every connect, and "
-                "this sandbox's DNS server leaves about 3 queries in 100 unanswered (5 s is the resolver's "
-                "timeout; raw TCP connects do not stall). "
+                "was seen to stall 5 s about once in 30 connections on this machine (when this was written, "
+                "not counted in this run), which would have made the run minutes long: torch's client looks "
+                "the store's address up in reverse on every connect, and a DNS server that leaves a query "
+                "unanswered costs the resolver's 5 s timeout (raw TCP connects do not stall). "
                 "The baseline is the least any store-based start does (one counter increment and one wait per "
                 "rank). `Rendezvous.fail()` is the path a timeout takes: one rank checks every rank's arrival "
                 "key once.", "")

@@ -5,8 +5,13 @@ Never asserts a timing: benchmarks report, tests check that the report is comple
 
 from __future__ import annotations
 
+import os
+import shutil
+import signal
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -83,3 +88,38 @@ def test_plots_linked_and_written(page: str, out: Path) -> None:
     for name in ("hostlist-cases", "hostlist-linearity"):
         assert f"](img/{name}.png)" in page
         assert (out / "img" / f"{name}.png").stat().st_size > 1000
+
+
+def test_a_run_stopped_with_sigterm_stops_the_cluster_it_started() -> None:
+    # `timeout` and `kill` send SIGTERM, which skips Python's exit hooks: the local cluster the bootstrap
+    # benchmark started kept its slurmctld and slurmds running on the shared machine.
+    from tests.integration.cluster import require
+
+    require("slurmctld")
+    scratch = Path(tempfile.mkdtemp(prefix="sdb-", dir="/tmp"))  # short: munge's socket path has a limit
+    try:
+        bench = subprocess.Popen(
+            [sys.executable, "-m", "benchmarks", "--quick", "--only", "bootstrap", "--ranks", "2",
+             "--out", str(scratch / "out")],
+            cwd=REPO, env={**os.environ, "TMPDIR": str(scratch)}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True)
+        deadline = time.monotonic() + 120
+        while not daemons_of(scratch):  # the cluster's slurmctld and slurmds, once they run
+            assert bench.poll() is None and time.monotonic() < deadline, bench.communicate(timeout=30)[0][-2000:]
+            time.sleep(0.5)
+        cluster_dir = next(scratch.glob("sd-bench-*/etc/slurm.conf")).parent.parent
+        bench.send_signal(signal.SIGTERM)
+        said = bench.communicate(timeout=90)[0]
+        assert bench.returncode == 128 + signal.SIGTERM, said[-2000:]
+        assert not cluster_dir.exists(), said[-2000:]
+        assert not daemons_of(scratch)  # no slurmctld/slurmd of that cluster left
+    finally:
+        if "bench" in locals() and bench.poll() is None:
+            bench.kill()
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def daemons_of(scratch: Path) -> str:
+    """The pids of Slurm daemons whose command line names a directory under `scratch`."""
+    found = subprocess.run(["pgrep", "-f", f"slurm(ctld|d) .*{scratch}/"], capture_output=True, text=True, timeout=30)
+    return found.stdout.strip()
