@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Collection, List, Optional, Sequence, Tuple
 
 from .argv import command_words, refuse_job_wide_counts
+from .envvars import whole_number
 from .errors import SlurmdistError
 
 LAUNCHERS = ("srun", "torchrun", "mpirun")
@@ -132,6 +133,12 @@ def validate(spec: JobSpec) -> JobSpec:
         raise SbatchError(f"--sbatch gpus={job_wide[0]} beside -G {spec.gpus_per_node}: sbatch's --gpus is the job's "
                           "total and clashes with the --gpus-per-node the script writes ('Failed to ensure --gpus >= "
                           "--gres=gpu/--gpus-per-node'): give the GPUs once, with -G (per node)")
+    gres = _extra_gres(spec)
+    if spec.gpus_per_node and spec.device == "gpu" and asks_for_devices([("gres", ",".join(gres))]):
+        raise SbatchError(f"--sbatch gres={','.join(gres)} asks for GPUs again beside -G {spec.gpus_per_node}, which "
+                          f"the script writes as --gpus-per-node={spec.gpus_per_node}: Slurm takes one of the two "
+                          "(the tasks saw -G's count). Give the count once, with -G, and a GPU type with --sbatch "
+                          "constraint=TYPE; or leave -G out and give --tasks-per-node to go with the gres")
     if _npu_gres(spec) and any(re.match(r"npu(:|$)", item) for item in _extra_gres(spec)):
         raise SbatchError(f"--sbatch gres={','.join(_extra_gres(spec))} asks for NPUs again beside -G "
                           f"{spec.gpus_per_node} --device npu, which the script writes as --gres=npu:"
@@ -211,10 +218,20 @@ def managed_option(option: str, managed: Collection[str]) -> Optional[str]:
     return next((names[name] for name in sorted(names) if name.startswith(option)), None)
 
 
-def asks_for_devices(extra: Sequence[Tuple[str, Optional[str]]]) -> bool:
-    """Whether --sbatch options (a validated spec's) ask Slurm for GPUs or other generic resources themselves
-    (gres=gpu:a100:4)."""
-    return any(name.startswith(("gres", "gpus", "tres-per")) for name, _ in extra)
+def asks_for_devices(extra: Sequence[Tuple[str, Optional[str]]], device: str = "gpu") -> bool:
+    """Whether --sbatch options (a validated spec's) ask Slurm for at least one `device` ("gpu", "npu")
+    themselves: gpus=8, gpus-per-task=1, gres=gpu:a100:4, tres-per-task=gres/gpu:1. A gres of another kind
+    (nvme:1), or a count of 0, asks for none."""
+    for name, value in extra:
+        if name.startswith("gpus"):  # --gpus, --gpus-per-task, --gpus-per-socket: "8", "a100:8"
+            if device == "gpu" and whole_number((value or "").rpartition(":")[2]) != 0:
+                return True
+        elif name.startswith(("gres", "tres-per")):
+            for item in (value or "").split(","):
+                kind, _, rest = item.removeprefix("gres/").removeprefix("gres:").partition(":")
+                if kind == device and whole_number(rest.rpartition(":")[2] or "1") != 0:
+                    return True
+    return False
 
 
 def _check_extra(name: str, value: Optional[str]) -> None:
@@ -230,6 +247,10 @@ def _check_extra(name: str, value: Optional[str]) -> None:
         read_as = "" if option == spelled else f" (sbatch reads {name} as --{option})"
         raise SbatchError(f"--sbatch {typed!r}: the script writes --{option} itself{read_as}; use "
                           f"{_RENDERED_OPTIONS[option]}")
+    if spelled == "ntasks-per-gpu":
+        raise SbatchError(f"--sbatch {typed!r}: sbatch refuses --ntasks-per-gpu beside the --ntasks-per-node the "
+                          "script writes ('mutually exclusive'): give -G N (GPUs per node) and --tasks-per-node M, "
+                          "with --share-devices when M is more than N")
     if value is not None and not _EXTRA_VALUE.fullmatch(value):
         raise SbatchError(f"--sbatch {typed!r}: the value must be one word without spaces, quotes or '#' (an "
                           "#SBATCH line ends there)")
@@ -597,7 +618,7 @@ def workers_without_cores(spec: JobSpec) -> Optional[str]:
 def devices_not_asked_for(spec: JobSpec) -> Optional[str]:
     """What is off when a GPU or NPU job asks Slurm for none of them (the default --device is gpu, and -G is 0
     unless given), or None: its ranks then train on the CPU wherever the partition gives no device anyway."""
-    if spec.device == "cpu" or spec.gpus_per_node or asks_for_devices(spec.extra):
+    if spec.device == "cpu" or spec.gpus_per_node or asks_for_devices(spec.extra, spec.device):
         return None
     unit = _TASK_UNIT[spec.device]
     return (f"--device {spec.device} without --gpus-per-node asks Slurm for no {unit}s: the ranks get none, unless "

@@ -321,6 +321,39 @@ def test_gpus_asked_for_through_sbatch_options_are_not_warned_about(capsys):
         assert f"#SBATCH --{option}\n" in said.out and "asks Slurm for no GPUs" not in said.err
 
 
+@pytest.mark.parametrize("option", ["gres=nvme:1", "gres=gpu:0", "gpus=0", "tres-per-task=cpu:4"])
+def test_sbatch_options_that_ask_for_no_gpu_still_get_the_warning(capsys, option):
+    # Any gres= silenced it, so a GPU job asking for a scratch disk trained on the CPU without a word.
+    assert cli.main(["sbatch", "--sbatch", option, "--", "python", "train.py"]) == 0
+    assert "asks Slurm for no GPUs" in capsys.readouterr().err
+
+
+def test_npus_asked_for_through_gres_are_not_warned_about(capsys):
+    assert cli.main(["sbatch", "--device", "npu", "--sbatch", "gres=npu:8", "--", "python", "train.py"]) == 0
+    assert "asks Slurm for no NPUs" not in capsys.readouterr().err
+    assert cli.main(["sbatch", "--device", "npu", "--sbatch", "gres=gpu:8", "--", "python", "train.py"]) == 0
+    assert "asks Slurm for no NPUs" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args, message", [
+    # sbatch kept --gpus-per-node and ignored the gres: the tasks saw 2 GPUs (a trial on the local cluster).
+    (["-G", "2", "--sbatch", "gres=gpu:4"], r"--sbatch gres=gpu:4 asks for GPUs again beside -G 2, .*constraint=TYPE"),
+    (["-G", "2", "--sbatch", "gres=nvme:1,gpu:a100:1"], r"gres=nvme:1,gpu:a100:1 asks for GPUs again"),
+    # sbatch refuses it beside the --ntasks-per-node the script writes: the job never started.
+    (["-G", "2", "--sbatch", "ntasks-per-gpu=2"], r"sbatch refuses --ntasks-per-gpu .*--share-devices"),
+])
+def test_sbatch_options_that_clash_with_the_scripts_own_are_refused(capsys, args, message):
+    assert cli.main(["sbatch", *args, "--", "python", "train.py"]) == 2
+    said = capsys.readouterr()
+    assert re.search(message, said.err) and said.out == ""
+
+
+def test_a_gres_of_another_kind_beside_gpus_reaches_the_script(capsys):
+    assert cli.main(["sbatch", "-G", "2", "--sbatch", "gres=nvme:1", "--", "python", "train.py"]) == 0
+    script = capsys.readouterr().out
+    assert "#SBATCH --gres=nvme:1\n" in script and "#SBATCH --gpus-per-node=2\n" in script
+
+
 def test_memory_and_any_other_sbatch_option_reach_the_script(capsys):
     # Sites that need --mem, --qos or --constraint used to edit the rendered script by hand.
     assert cli.main(["sbatch", "--device", "cpu", "--mem", "32G", "--sbatch", "constraint=a100&nvlink",
