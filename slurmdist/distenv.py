@@ -22,7 +22,6 @@ LAUNCHERS = (
     "flux",
     "jsrun",
     "submitit-local",
-    "mpi4py",
     "single",
 )
 

@@ -18,7 +18,7 @@ from .bounds import DEFAULT_TIMEOUT, TIMEOUT_VARIABLE, Deadline, poll_pauses, re
 from .distenv import DistEnv
 from .errors import RendezvousError
 
-MPI_LAUNCHERS = ("openmpi", "pmi", "mvapich", "pals", "flux", "jsrun", "mpi4py")
+MPI_LAUNCHERS = ("openmpi", "pmi", "mvapich", "pals", "flux", "jsrun")
 MPI_KILL_GRACE = 5.0  # seconds between the SIGTERM and the SIGKILL for a rank stuck in MPI_Init past its bound
 
 
