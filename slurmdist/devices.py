@@ -23,8 +23,10 @@ VISIBILITY_VARIABLES = {
     "cuda": ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES"),
     "npu": ("ASCEND_RT_VISIBLE_DEVICES", "ASCEND_VISIBLE_DEVICES"),
 }
-# The list of one process's devices that `narrowed_per_task` and the count check read, per device type.
-PROCESS_LIST = {"cuda": "CUDA_VISIBLE_DEVICES", "npu": "ASCEND_RT_VISIBLE_DEVICES"}
+# The variables that list one process's own devices, per device type: on ROCm, HIP applies HIP_VISIBLE_DEVICES
+# (else CUDA_VISIBLE_DEVICES) to what ROCR_VISIBLE_DEVICES left, so the shortest list set is what it can see.
+PER_PROCESS_LISTS = {"cuda": ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES"),
+                     "npu": ("ASCEND_RT_VISIBLE_DEVICES",)}
 SHARE_VARIABLE = "SLURMDIST_SHARE_DEVICES"
 SLURM_SETS = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")  # in each task of a step with GPUs
 TRUE_WORDS = ("1", "true", "yes", "on")
@@ -79,9 +81,10 @@ def narrowed_per_task(
     step owns more on this node (`SLURM_STEP_GPUS`, `SLURM_GPUS_ON_NODE`). Several visible GPUs without
     `--gpus-per-task` (e.g. `--gpu-bind=closest`) may be shared with other tasks: local rank picks among them.
     NPUs: Slurm sets no Ascend variable, so a single NPU in `ASCEND_RT_VISIBLE_DEVICES` was chosen for this
-    task on purpose (`=$SLURM_LOCALID`).
+    task on purpose (`=$SLURM_LOCALID`). Never where every visibility list names more devices than torch sees
+    (`visibility_longer_than_count`: a failed GPU, MIG instances): one visible then says nothing of whose it is.
     """
-    if not task_is_rank or listed_beyond(device_type, device_count, environ):
+    if not task_is_rank or visibility_longer_than_count(device_type, device_count, environ):
         return False
     if device_type == "npu":
         return device_count == 1 and len(_chosen_npus(environ)) == 1
@@ -111,14 +114,17 @@ def _bound_closest(environ: Mapping[str, str]) -> bool:
     return any("closest" in clause for clause in _gpu_bind_clauses(environ))
 
 
-def listed_beyond(device_type: str, device_count: int, environ: Mapping[str, str]) -> Optional[str]:
-    """The process's visibility variable ("CUDA_VISIBLE_DEVICES='0,1'") when it lists more devices than torch
-    counts, else None. CUDA stops at the first entry that names no usable device (a GPU gone from the bus), and
-    a CUDA process uses only the first of several MIG instances: the list then no longer says which device is
-    whose, and ranks that pick by it end up on one device."""
-    name = PROCESS_LIST.get(device_type)
-    value = environ.get(name or "", "")
-    return f"{name}={value!r}" if name and len(listed(value)) > device_count else None
+def visibility_longer_than_count(device_type: str, device_count: int,
+                                 environ: Mapping[str, str]) -> Optional[Tuple[str, int]]:
+    """The visibility variable whose list is the shortest of those set, as shown in messages
+    ("CUDA_VISIBLE_DEVICES='0,1'"), and its length, when even it names more devices than torch counts; else None. CUDA stops at the first entry that names no usable
+    device (a GPU gone from the bus), and a CUDA process uses only the first of several MIG instances: the list
+    then no longer says which device is whose, and ranks that pick by it end up on one device."""
+    lists = [(len(listed(environ[name])), name) for name in PER_PROCESS_LISTS.get(device_type, ()) if name in environ]
+    if not lists:
+        return None
+    length, name = min(lists)
+    return (f"{name}={environ[name]!r}", length) if length > device_count else None
 
 
 FALSE_WORDS = ("", "0", "false", "no", "off")
@@ -172,9 +178,9 @@ def device_ordinal(
         return local_rank % device_count
     # Every rank of the node stops here, not only those without a device: the others would wait for them
     # until the rendezvous timed out.
-    beyond = listed_beyond(device_type, device_count, environ)
+    beyond = visibility_longer_than_count(device_type, device_count, environ)
     if beyond:
-        raise _fewer_than_listed(device_type, local_world_size, device_count, beyond)
+        raise _fewer_than_listed(device_type, local_world_size, device_count, beyond, task_is_rank)
     on_node = _gpus_on_node(device_type, environ)
     if task_is_rank and on_node is not None and device_count < on_node and local_world_size <= on_node:
         raise _given_a_part(local_world_size, device_count, on_node, environ)
@@ -189,8 +195,8 @@ def listed(devices: str) -> List[str]:
 
 
 def _chosen_npus(environ: Mapping[str, str]) -> List[str]:
-    """The NPUs ASCEND_RT_VISIBLE_DEVICES names."""
-    return listed(environ.get("ASCEND_RT_VISIBLE_DEVICES", ""))
+    """The NPUs this process's list (ASCEND_RT_VISIBLE_DEVICES) names."""
+    return listed(environ.get(PER_PROCESS_LISTS["npu"][0], ""))
 
 
 def _set_once_for_all_tasks(device_type: str, local_rank: int, environ: Mapping[str, str]) -> Optional[str]:
@@ -227,18 +233,20 @@ def _expanded_in_the_batch_step(device_type: str, local_rank: int, variable: str
     )
 
 
-def _fewer_than_listed(device_type: str, ranks: int, devices: int, beyond: str) -> BackendError:
-    """The visibility list names more devices than torch sees (`listed_beyond`), and the node's ranks need them."""
+def _fewer_than_listed(device_type: str, ranks: int, devices: int, beyond: Tuple[str, int],
+                       task_is_rank: bool) -> BackendError:
+    """The visibility list names more devices than torch sees (`visibility_longer_than_count`), and the node's
+    ranks need more than torch sees."""
     if device_type == "npu":
         why = "a listed NPU is missing or failed (npu-smi info shows what the driver sees)"
     else:
         why = ("a listed GPU is missing or failed (CUDA stops at the first entry naming no usable device; "
-               "nvidia-smi shows what the driver sees), or they are MIG instances, of which a CUDA process uses "
-               "only the first: give each task its own (srun --gpus-per-task=1)")
+               "nvidia-smi, or rocm-smi on AMD, shows what the driver sees), or they are NVIDIA MIG instances, of "
+               f"which a CUDA process uses only the first: give each rank its own ({_one_each('cuda', ranks, task_is_rank)})")
     return BackendError(
-        f"{ranks} tasks on this node need a {device_type} device each, and {beyond} lists more, but torch sees "
-        f"only {devices}: {why}. Fix the list or the device, or set {SHARE_VARIABLE}=1 to let ranks share the "
-        f"{devices} it sees"
+        f"{ranks} ranks on this node need a {device_type} device each, and {beyond[0]} lists {beyond[1]}, but "
+        f"torch sees only {devices}: {why}. Fix the "
+        f"list or the device, or set {SHARE_VARIABLE}=1 to let ranks share the {devices} it sees"
     )
 
 

@@ -220,19 +220,32 @@ def test_a_visibility_list_longer_than_torch_counts_is_not_taken_for_one_gpu_per
     for task in case("slurm/srun_gpus_per_node2"):
         assert len(listed(task["CUDA_VISIBLE_DEVICES"])) == 2 and task["SLURM_GPUS_ON_NODE"] == "2"
         assert not narrowed_per_task(task, "cuda", 1, task_is_rank=True)
-        with pytest.raises(BackendError, match=r"2 tasks on this node need a cuda device each, and "
-                                               r"CUDA_VISIBLE_DEVICES='0,1' lists more, but torch sees only 1: "
-                                               r".*MIG instances.*SLURMDIST_SHARE_DEVICES=1"):
+        with pytest.raises(BackendError, match=r"2 ranks on this node need a cuda device each, and "
+                                               r"CUDA_VISIBLE_DEVICES='0,1' lists 2, but torch sees only 1: "
+                                               r".*MIG instances.*srun --ntasks-per-node=2 --gpus-per-task=1.*"
+                                               r"SLURMDIST_SHARE_DEVICES=1"):
             plan("cuda", detect(task).local_rank, 2, 1, task, task_is_rank=True, backend="nccl")
         mig = {**task, "CUDA_VISIBLE_DEVICES": "MIG-aaaa,MIG-bbbb"}
-        with pytest.raises(BackendError, match="CUDA_VISIBLE_DEVICES='MIG-aaaa,MIG-bbbb' lists more"):
+        with pytest.raises(BackendError, match="CUDA_VISIBLE_DEVICES='MIG-aaaa,MIG-bbbb' lists 2"):
             ordinal(mig, 1)
         assert ordinal({**mig, "SLURMDIST_SHARE_DEVICES": "1"}, 1) == 0
     # One process alone needs one device: the first it sees is fine. So is one listed GPU per task.
     assert device_ordinal("cuda", 0, 1, 1, {"CUDA_VISIBLE_DEVICES": "0,1"}) == 0
     assert ordinal({**case("slurm/srun_gpus_per_node2")[1], "CUDA_VISIBLE_DEVICES": "1"}, 1) == 0
-    with pytest.raises(BackendError, match="ASCEND_RT_VISIBLE_DEVICES='0,1' lists more.*npu-smi"):
+    with pytest.raises(BackendError, match="ASCEND_RT_VISIBLE_DEVICES='0,1' lists 2.*npu-smi"):
         device_ordinal("npu", 1, 2, 1, {"ASCEND_RT_VISIBLE_DEVICES": "0,1"}, task_is_rank=True)
+    # Ranks torchrun starts inside one task: the advice is theirs, not srun's.
+    with pytest.raises(BackendError, match=r"torchrun --nproc-per-node=2"):
+        device_ordinal("cuda", 1, 2, 1, {"CUDA_VISIBLE_DEVICES": "0,1"})
+
+
+def test_a_rocm_wrapper_that_gives_each_rank_its_gpu_through_hip_is_still_narrowed():
+    # Slurm sets CUDA_VISIBLE_DEVICES and ROCR_VISIBLE_DEVICES to the node's 8 GPUs on AMD nodes too; a per-rank
+    # wrapper narrows HIP_VISIBLE_DEVICES (or ROCR_VISIBLE_DEVICES) to the rank's own, which torch then sees alone.
+    eight = ",".join(map(str, range(8)))
+    base = {"SLURM_STEP_GPUS": eight, "CUDA_VISIBLE_DEVICES": eight, "SLURM_GPUS_ON_NODE": "8"}
+    for wrapper in ({"ROCR_VISIBLE_DEVICES": eight, "HIP_VISIBLE_DEVICES": "3"}, {"ROCR_VISIBLE_DEVICES": "3"}):
+        assert plan("cuda", 3, 8, 1, {**base, **wrapper}, task_is_rank=True, backend="nccl").ordinal == 0
 
 
 def test_a_binding_count_of_another_resource_is_not_the_gpus():
