@@ -31,8 +31,9 @@ DESCRIPTION = ("Measure slurmdist against its peers (torchrun, python-hostlist, 
 def parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=DESCRIPTION)
     parser.add_argument("--quick", action="store_true", help="fewer runs and sizes (a few minutes)")
-    parser.add_argument("--only", default=",".join(MODULES),
-                        help=f"comma-separated subset of: {','.join(MODULES)} (default: all)")
+    parser.add_argument("--only", default=None,
+                        help=f"comma-separated subset of: {','.join(MODULES)} (default: all; with --use-allocation, "
+                             "bootstrap)")
     parser.add_argument("--ranks", default=None,
                         help="bootstrap world sizes, comma-separated (default: 4,8; --quick: 4)")
     parser.add_argument("--use-allocation", action="store_true",
@@ -41,6 +42,8 @@ def parse(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=machine.REPO / "docs", metavar="DIR",
                         help="directory for benchmarks.md and img/ (default: the repository's docs/)")
     args = parser.parse_args(argv)
+    if args.only is None:  # inside an allocation, only the bootstrap runs: the others need this machine alone
+        args.only = "bootstrap" if args.use_allocation else ",".join(MODULES)
     chosen = [name.strip() for name in args.only.split(",") if name.strip()]
     unknown = [name for name in chosen if name not in MODULES]
     if unknown or not chosen:

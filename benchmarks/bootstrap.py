@@ -299,6 +299,8 @@ def _msm(value: Optional[Stats]) -> str:
 def explanation(sizes: Sequence[int], ran: Sequence[str]) -> List[str]:
     """What the columns and rows mean, for the launches that ran (`ran`) at these `sizes`."""
     cores = os.cpu_count() or 1
+    by_hand = BY_HAND in ran
+    torchrun = [name for name in ran if name.startswith("torchrun") and "style" not in name]
     share = (f"Here {min(sizes)}-{max(sizes)}" if len(set(sizes)) > 1 else f"Here {sizes[0]}") + \
         f" ranks share {cores} core{'s' if cores > 1 else ''}"
     crowded = max(sizes) > cores
@@ -327,11 +329,12 @@ def explanation(sizes: Sequence[int], ran: Sequence[str]) -> List[str]:
          "looking up node names this cluster's DNS does not know. Unlike torchrun's workers, its ranks wait for "
          "whatever rank 0 does before its store listens. The distance from it to the slurmdist rows is "
          "slurmdist's own cost."),
-        (TORCHRUN, "- **what separates `slurmdist.init()` from torchrun per rank**: torchrun's agent did the "
-         "rendezvous and started the store before its workers existed, so a worker's `init_process_group()` only "
-         "joins a listening store and builds the gloo mesh. `init()` does that work itself, in every rank: it reads "
-         "the launch, rank 0 listens and starts the store while the others join it, and every rank checks in (a "
-         "few store round trips). The by-hand rows do only the store part. " + (
+        (torchrun[0] if torchrun else TORCHRUN, "- **what separates `slurmdist.init()` from torchrun per rank**: "
+         "torchrun's agent did the rendezvous and started the store before its workers existed, so a worker's "
+         "`init_process_group()` only joins a listening store and builds the process group. `init()` does that "
+         "work itself, in every rank: it reads the launch, rank 0 listens and starts the store while the others "
+         "join it, and every rank checks in (a few store round trips). " +
+         ("The by-hand rows do only the store part. " if by_hand else "") + (
              f"{share}, so each millisecond of CPU one rank spends costs every rank up to "
              f"{max(sizes) / cores:.3g} ms (the CPU column). " if crowded else "") +
          "What slurmdist shortens is the launch as a whole (job wall time): no agent process and no separate "

@@ -286,7 +286,7 @@ def unused_gpus(
     if caps.cuda_devices > 0:  # and no NCCL, or auto would have chosen it
         return (f"torch {caps.torch_version} sees {caps.cuda_devices} GPU(s) ({visibility('cuda', environ)}) but "
                 "was built without NCCL, so backend 'auto' runs gloo on the CPU. Install a PyTorch build with "
-                "NCCL (PyTorch's CUDA wheels have it), or pass device='cuda' to run gloo on the GPUs")
+                "NCCL (PyTorch's CUDA wheels for Linux have it), or pass device='cuda' to run gloo on the GPUs")
     given = [f"{name}={environ[name]!r}" for name in SLURM_GPU_VARIABLES if _names_gpus(name, environ.get(name))]
     if not given:
         return None

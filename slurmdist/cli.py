@@ -124,7 +124,7 @@ class _Subcommand(_Parser):
                         "--sbatch constraint=a100")
             said = next(filter(None, map(self.instead_of, extras)), None)
             if said is not None:  # an sbatch option the command sets itself: --sbatch would refuse it too
-                hint = f"; {said}"
+                hint = f"; {said}{hint}" if len(extras) > 1 else f"; {said}"
             self.error(f"unrecognized arguments: {' '.join(extras)}{hint}")
         return parsed, extras
 

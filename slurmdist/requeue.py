@@ -150,13 +150,12 @@ def parse_signal(spec: SignalSpec = None, environ: Optional[Mapping[str, str]] =
             if "@" in text:  # sbatch's --signal=USR2@60 form
                 raise RequeueError(
                     f"{named} is sbatch's SIG@SECONDS form; give the signal alone ({text.partition('@')[0] or 'USR2'}) "
-                    "and the seconds before the time limit apart, as signal_delay"
+                    "and the seconds before the time limit apart: signal_delay=SECONDS where slurmdist submits the "
+                    "job, sbatch's own --signal in a job script"
                 ) from None
             if not text:
-                raise RequeueError(
-                    f"{named} names no signal: a job slurmdist submits always asks Slurm for one before its time "
-                    "limit, which requeue relies on; leave it out for USR2, or name one such as URG"
-                ) from None
+                raise RequeueError(f"{named} names no signal: leave it out for the default, USR2, or name one such "
+                                   "as URG") from None
             raise RequeueError(
                 f"{named} is not a signal name or number; use e.g. USR2 (the default) or URG"
             ) from None

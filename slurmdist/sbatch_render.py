@@ -38,7 +38,7 @@ REQUEUE_SIGNAL_VARIABLE = "SLURMDIST_REQUEUE_SIGNAL"  # requeue.SIGNAL_VARIABLE,
 _NAME = re.compile(r"[A-Za-z0-9_.+-]+(,[A-Za-z0-9_.+-]+)*")
 # re.ASCII: \d alone also matches other scripts' digits ('٣'), which sbatch refuses.
 _TIME = re.compile(r"\d+(-\d+)?(:\d+){0,2}|\d+-\d+(:\d+)?|(?i:infinite|unlimited)", re.ASCII)
-_NO_LIMIT = re.compile(r"[0:-]+|(?i:infinite|unlimited)")  # Slurm's ways to say "no time limit"
+NO_LIMIT = re.compile(r"[0:-]+|(?i:infinite|unlimited)")  # Slurm's ways to say "no time limit"
 _PATH = re.compile(r"[A-Za-z0-9_./%+-]+")
 _SIGNAL = re.compile(r"(R:)?[A-Z0-9]+(@\d+)?", re.ASCII)  # not B:, which signals only the batch shell (it would die)
 # An sbatch option's long name (shared with submit.py), and a --mem size (sbatch takes no fractions; a unit may end
@@ -273,7 +273,7 @@ def _check_signal_delay(spec: JobSpec, typed: str) -> None:
     _, delay = _warning_of(spec.signal)
     try:
         # In whole minutes, rounded up, as Slurm keeps the limit (00:03:01: 4); 0, 00:00:00, 0-0: no limit.
-        minutes = None if _NO_LIMIT.fullmatch(spec.time) else parse_time(spec.time)
+        minutes = None if NO_LIMIT.fullmatch(spec.time) else parse_time(spec.time)
     except SubmitError:  # its message names Python's time=, not this option
         raise _not_a_time(spec.time) from None
     problem = signal_delay_problem(delay, minutes, what=typed,
@@ -669,13 +669,14 @@ def setup_syntax_problem(setup: Sequence[str], option: str = "--setup") -> Optio
 
 
 # Slurm's filename patterns: %x, %j, ... with an optional zero-padding width (%3t); "%%" is a literal %.
-_LOG_PATTERN = re.compile(r"%(\d*)([A-Za-z%])")
+LOG_PATTERN = re.compile(r"%(\d*)([A-Za-z%])")
 
 
 def log_problem(output: str, job_name: str, chdir: Optional[str] = None) -> Optional[str]:
     """Why Slurm would write no log for `--output` (it opens the log before the script runs, creates no folder,
     and then writes none and says nothing), for a warning; None when nothing shows. Relative patterns count from
     `chdir` (the job's --chdir), else from here, where sbatch is usually run."""
+    unknown: List[str] = []  # patterns known before the job starts that this process cannot fill in
 
     def known_now(found: "re.Match[str]") -> str:  # what a pattern becomes that is known before the job starts
         letter = found[2]
@@ -686,11 +687,12 @@ def log_problem(output: str, job_name: str, chdir: Optional[str] = None) -> Opti
         if letter == "u":
             with contextlib.suppress(KeyError, OSError):  # a uid without a passwd entry, and no USER
                 return getpass.getuser()
+            unknown.append(found[0])
         return found[0]
 
-    job_time = [found[0] for found in _LOG_PATTERN.finditer(os.path.dirname(output)) if found[2] not in "%xu"]
-    path = _LOG_PATTERN.sub(known_now, output)
-    here = "here" if chdir is None else f"in --chdir {chdir!r}"
+    job_time = [found[0] for found in LOG_PATTERN.finditer(os.path.dirname(output)) if found[2] not in "%xu"]
+    path = LOG_PATTERN.sub(known_now, output)
+    here = "here" if chdir is None else f"in --sbatch chdir={chdir}"
     base = chdir or "."
     folder = os.path.dirname(path)
     if job_time:  # `logs/%j/out.txt`: a folder per job, which nobody creates
@@ -700,7 +702,7 @@ def log_problem(output: str, job_name: str, chdir: Optional[str] = None) -> Opti
     if output.endswith("/") or os.path.isdir(os.path.join(base, path)):
         return (f"--output {output!r} is a folder {here}: Slurm opens the log as a file, cannot, and the job fails "
                 f"without one. Give a file pattern in it: --output {output.rstrip('/')}/%x-%j.out")
-    if folder and not os.path.isdir(os.path.join(base, folder)):
+    if folder and not unknown and not os.path.isdir(os.path.join(base, folder)):
         return (f"the log folder {folder!r} of --output {output!r} does not exist {here}; Slurm writes no log at all "
                 f"when it is missing as the job starts. Create it first: mkdir -p "
                 f"{shlex.quote(os.path.join(chdir, folder) if chdir else folder)}")

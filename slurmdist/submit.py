@@ -45,8 +45,8 @@ from .errors import SlurmdistError
 from .requeue import (DEFAULT_SIGNAL_DELAY, SIGNAL_VARIABLE, RequeueError, Resumable, parse_signal, requeue_limit,
                       signal_delay_problem, slurm_name)
 from .sbatch_render import (
-    ENDS_THE_SETUP, HAND_ON_CPUS_PER_TASK, HAND_ON_ENVIRONMENT, OPTION_NAME, managed_option, memory_size_fault,
-    setup_syntax_problem,
+    ENDS_THE_SETUP, HAND_ON_CPUS_PER_TASK, HAND_ON_ENVIRONMENT, LOG_PATTERN, NO_LIMIT, OPTION_NAME, managed_option,
+    memory_size_fault, setup_syntax_problem,
 )
 from .task_command import Command, CommandFailed
 
@@ -117,7 +117,7 @@ MANAGED_OPTIONS = {
     "error": "folder=DIR: each task's log is written there",
     "signal": "signal=NAME and signal_delay=SECONDS",
     "array": "Submitter.map_array() in Python, for a job array",
-    "open-mode": "nothing: the logs are appended to, so a requeued job keeps its earlier output",
+    "open-mode": "no option: the logs are appended to, so a requeued job keeps its earlier output",
     "wrap": "the command to run, which slurmdist writes into the job script",
 }
 
@@ -142,10 +142,6 @@ class JobTimeoutError(SubmitError):
 # --- pure: options -> submitit parameters ---------------------------------------------------------------------
 
 
-# How sbatch's --time says "no limit" (besides 0).
-NO_LIMIT = ("UNLIMITED", "INFINITE")
-
-
 def parse_time(value: Union[int, float, str]) -> int:
     """A time limit in whole minutes, from minutes (int/float) or Slurm's forms: MM, MM:SS, HH:MM:SS, D-HH,
     D-HH:MM, D-HH:MM:SS. submitit needs minutes: it also uses them to tell a time-out from a preemption."""
@@ -153,11 +149,11 @@ def parse_time(value: Union[int, float, str]) -> int:
         raise SubmitError(f"time={value!r} is not a duration")
     if isinstance(value, (int, float)):
         minutes = float(value)
-    elif str(value).strip().upper() in NO_LIMIT:
+    elif NO_LIMIT.fullmatch(str(value).strip()):
         minutes = 0.0
     else:
         minutes = _slurm_time_minutes(str(value).strip())
-    if minutes == 0 or (isinstance(value, float) and math.isinf(value)):  # sbatch's "no limit" ("0", UNLIMITED)
+    if minutes == 0 or (isinstance(value, float) and value == math.inf):  # sbatch's "no limit" ("0", UNLIMITED)
         raise SubmitError(f"time={value!r} means no time limit to Slurm, but a job slurmdist submits needs one: the "
                           "requeue warning comes signal_delay before it, and submitit tells a time-out from a "
                           "preemption by it. Give the partition's longest (sinfo -o '%P %l'), e.g. time='7-00:00:00'")
@@ -419,6 +415,7 @@ class Submitter:
         if python is not None and (not isinstance(python, str) or not python.strip()):
             raise SubmitError(f"python={python!r} must be the interpreter command the job runs, such as "
                               "'/path/to/venv/bin/python' (None: this process's interpreter)")
+        refuse_undecodable("python=", python)  # submitit writes it into the job script
         if python is not None and self.cluster == "local":
             # On this machine, so checked here (a Slurm job's nodes may keep it elsewhere: not checked then). The
             # local controller splits it as a shell would.
@@ -717,12 +714,13 @@ def job_folder(folder: Union[str, os.PathLike]) -> Path:
         raise SubmitError(f"folder={os.fspath(folder)!r}: %a (the array index) cannot be in the folder, since "
                           "submitit files an array's submission before any element has an index. Use %j (an "
                           "element's id is ARRAYID_INDEX, so each gets its own folder) or %A (one folder per array)")
-    unknown = [found for found in re.findall(r"%\d*[A-Za-z%]", os.fspath(folder)) if found not in FOLDER_PATTERNS]
+    unknown = [found[0] for found in LOG_PATTERN.finditer(os.fspath(folder)) if found[0] not in FOLDER_PATTERNS]
     if unknown:
-        raise SubmitError(f"folder={os.fspath(folder)!r}: {unknown[0]} is a pattern Slurm fills in the job's log path "
-                          "but submitit does not, so the two would look in different folders and the job would fail "
-                          f"without a log. Use only {', '.join(FOLDER_PATTERNS)} in the folder (%j: the job id), and "
-                          "write the rest out (the job's name instead of %x)")
+        raise SubmitError(f"folder={os.fspath(folder)!r}: {unknown[0]} is one of Slurm's filename patterns, which "
+                          "submitit does not fill in: on Slurm the job's log path and submitit's own would name "
+                          "different folders, and the job would fail without a log (a local job would get a folder "
+                          f"named {unknown[0]}). Use only {', '.join(FOLDER_PATTERNS)} in the folder (%j: the job id), "
+                          "and write the rest out (the job's name instead of %x)")
     return Path(folder)
 
 

@@ -32,21 +32,22 @@ EXIT_TIMEOUT = 124
 EXIT_INTERRUPTED = 130  # what a shell reports for a command Ctrl-C ended
 
 
-# sbatch's short options whose long names submit sets itself.
-_SHORT_SBATCH = {"-o": "output", "-e": "error", "-a": "array", "-n": "ntasks"}
+# sbatch's short options whose long names submit sets itself (-n is refused as a job-wide count before this).
+_SHORT_SBATCH = {"-o": "output", "-e": "error", "-a": "array"}
 
 
 def _instead_of(word: str) -> Optional[str]:
-    """What to use for `word` when it is an sbatch option this command sets itself (`--output x`: --folder)."""
-    from .sbatch_render import managed_option
+    """What to use for `word` when it is an sbatch option this command sets itself (`--output x`, `-ologs/x`:
+    --folder), by its full long name or short letter (sbatch's own abbreviations are too loose to guess at)."""
     from .submit import MANAGED_OPTIONS
 
     option = word.partition("=")[0]
-    name = _SHORT_SBATCH.get(option) or (option[2:] if option.startswith("--") else None)
-    managed = managed_option(name, MANAGED_OPTIONS) if name else None
-    if managed is None:
+    name = _SHORT_SBATCH.get(option[:2]) if not option.startswith("--") else option[2:]
+    if name in ("requeue", "no-requeue"):
+        return "slurmdist submit always submits with --requeue: preemption and the requeue signal rely on it"
+    if name not in MANAGED_OPTIONS:
         return None
-    return f"sbatch's --{managed} is slurmdist submit's to set; instead: {in_option_terms(MANAGED_OPTIONS[managed])}"
+    return f"sbatch's --{name} is slurmdist submit's to set; instead: {in_option_terms(MANAGED_OPTIONS[name])}"
 
 
 def register(subparsers: Any) -> None:
@@ -239,8 +240,9 @@ def follow(job: Any, timeout: float, out: Optional[Any] = None) -> int:
     return 0
 
 
-# How submitit's logger starts a line: "submitit INFO (2026-11-30 06:40:00,123) - Job completed successfully".
-_SUBMITIT_LINE = re.compile(r"submitit (?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \(\d{4}-\d\d-\d\d ")
+# A line of submitit's logger, to the end of the line: "submitit INFO (2026-11-30 06:40:00,123) - Job completed
+# successfully".
+_SUBMITIT_LINE = re.compile(r"submitit (?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \(\d{4}-\d\d-\d\d [^)]*\) - .*$")
 
 
 class LogTail:

@@ -29,6 +29,13 @@ def test_options_it_cannot_run_are_refused_before_anything_starts(argv, said, ca
     assert said in capsys.readouterr().err
 
 
+def test_use_allocation_alone_runs_the_bootstrap(monkeypatch, tmp_path):
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    assert bench.parse(["--use-allocation", "--out", str(tmp_path)]).only == ["bootstrap"]
+    monkeypatch.delenv("SLURM_JOB_ID")
+    assert bench.parse(["--out", str(tmp_path)]).only == list(bench.MODULES)
+
+
 def test_a_writable_out_is_accepted_and_made(tmp_path):
     args = bench.parse(["--quick", "--only", "bootstrap", "--ranks", "2,4", "--out", str(tmp_path / "new")])
     assert args.ranks == (2, 4) and (tmp_path / "new" / "img").is_dir()
@@ -52,5 +59,5 @@ def test_the_explanation_speaks_of_the_launches_and_sizes_that_ran(monkeypatch):
     # Inside an allocation only two launches run, on a machine with cores to spare: no word about the rest.
     monkeypatch.setattr(bootstrap.os, "cpu_count", lambda: 64)
     gpu = "\n".join(bootstrap.explanation([8, 16], list(bootstrap.ALLOCATION_LAUNCHES)))
-    assert "by hand" not in gpu and "mpirun" not in gpu and "share 64 cores" not in gpu
-    assert "- **per rank**" in gpu
+    assert "by hand" not in gpu and "by-hand" not in gpu and "mpirun" not in gpu and "share 64 cores" not in gpu
+    assert "- **per rank**" in gpu and "what separates `slurmdist.init()` from torchrun per rank" in gpu

@@ -412,6 +412,20 @@ def test_an_output_slurm_writes_no_log_for_is_warned_about(capsys, tmp_path, mon
         assert re.search(warning, captured.err.strip().splitlines()[-1]), captured.err
 
 
+def test_a_user_name_this_process_cannot_know_is_not_taken_for_a_missing_folder(capsys, tmp_path, monkeypatch):
+    # A uid with no passwd entry and no USER: "%u" stays as it is, and "mkdir -p logs/%u" would be wrong advice.
+    import getpass
+
+    def no_user() -> str:
+        raise KeyError("getpwuid(): uid not found: 4242")
+
+    monkeypatch.setattr(getpass, "getuser", no_user)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "logs").mkdir()
+    assert cli.main(["sbatch", "--output", "logs/%u/%j.out", "--", "python", "train.py"]) == 0
+    assert "--output" not in capsys.readouterr().err
+
+
 def test_a_relative_output_counts_from_the_jobs_chdir(capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "logs").mkdir()
@@ -419,7 +433,7 @@ def test_a_relative_output_counts_from_the_jobs_chdir(capsys, tmp_path, monkeypa
     other.mkdir()
     args = ["sbatch", "--output", "logs/%x-%j.out", "--sbatch", f"chdir={other}", "--", "python", "train.py"]
     assert cli.main(args) == 0
-    assert f"does not exist in --chdir '{other}'; " in capsys.readouterr().err
+    assert f"does not exist in --sbatch chdir={other}; " in capsys.readouterr().err
     (other / "logs").mkdir()
     (tmp_path / "logs").rmdir()
     assert cli.main(args) == 0

@@ -757,7 +757,8 @@ def test_a_folder_pattern_submitit_does_not_fill_in_is_refused_before_anything_i
                                                                                           folder, pattern):
     # Slurm filled %x in the job's log path, submitit did not in its own: the job failed, its log nowhere.
     bin_dir = fake_submitting_tools(tmp_path, monkeypatch, 'touch "$(dirname "$0")/queued"; echo "Submitted batch job 42"')
-    with pytest.raises(SubmitError, match=rf"{re.escape(pattern)} is a pattern Slurm fills in .*Use only %j, %A"):
+    with pytest.raises(SubmitError, match=rf"{re.escape(pattern)} is one of Slurm's filename patterns, which "
+                                          r"submitit does not fill in.*Use only %j, %A"):
         Submitter(cluster="slurm", folder=tmp_path / folder).submit_command(["true"])
     assert not (bin_dir / "queued").exists()
     assert cli.main(["submit", "--cluster", "slurm", "--folder", str(tmp_path / folder), "--", "true"]) == 2
@@ -781,6 +782,8 @@ def test_bytes_that_are_not_utf8_in_the_job_script_are_refused_naming_the_option
     err = capsys.readouterr().err
     assert said in err and "spell it in UTF-8" in err and "Traceback" not in err, err
     assert not (bin_dir / "queued").exists() and not (tmp_path / "slurmdist-logs").exists()
+    with pytest.raises(SubmitError, match=r"python='python\\udcff' holds bytes that are not UTF-8 text"):
+        Submitter(cluster="slurm", python="python\udcff")
 
 
 def test_a_job_folder_that_cannot_be_made_is_a_submit_error_naming_it(tmp_path):

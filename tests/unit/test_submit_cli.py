@@ -74,8 +74,9 @@ def test_sbatch_needs_a_key():
        "slurmdist submits needs one: the requeue warning comes --signal-delay before it")
       for no_limit in ("0", "UNLIMITED", "infinite")],
     (["submit", "--signal", "USR2@60", "--", "true"], "--signal 'USR2@60' is sbatch's SIG@SECONDS form; give the "
-     "signal alone (USR2) and the seconds before the time limit apart, as --signal-delay"),
-    (["submit", "--signal", "", "--", "true"], "--signal '' names no signal: a job slurmdist submits always asks"),
+     "signal alone (USR2) and the seconds before the time limit apart: --signal-delay SECONDS where slurmdist "
+     "submits the job"),
+    (["submit", "--signal", "", "--", "true"], "--signal '' names no signal: leave it out for the default, USR2"),
     (["submit", "--mem", "32", "--", "true"], "--mem 32 has no unit: sbatch reads a bare number as megabytes"),
     # ... but what the user typed in quotes stays as typed, and prose keeps its words
     (["submit", "--sbatch", "cpus_per_task=4", "--", "true"], "sbatch option 'cpus_per_task' is set by slurmdist"),
@@ -113,13 +114,21 @@ def test_log_tail_prints_new_complete_lines_without_submitit_noise(tmp_path):
         stream.write("x" "submitit INFO (2026-11-30 06:40:00,123) - Job completed successfully\n")
     tail.flush()
     assert out.getvalue().endswith("done\nx\n")
+    # Output that only mentions such a line keeps it.
+    with log.open("a") as stream:
+        stream.write("grep found 'submitit INFO (2026-11-30 06:40:00,123)' in the log\n")
+    tail.flush()
+    assert out.getvalue().endswith("x\ngrep found 'submitit INFO (2026-11-30 06:40:00,123)' in the log\n")
 
 
 @pytest.mark.parametrize("option, instead", [
     (["--output", "x.log"], "sbatch's --output is slurmdist submit's to set; instead: --folder DIR"),
     (["-o", "x.log"], "sbatch's --output is slurmdist submit's to set; instead: --folder DIR"),
     (["--error=x.err"], "sbatch's --error is slurmdist submit's to set; instead: --folder DIR"),
-    (["--open-mode", "append"], "instead: nothing: the logs are appended to"),
+    (["--open-mode", "append"], "instead: no option: the logs are appended to"),
+    (["-ologs/x.log"], "sbatch's --output is slurmdist submit's to set"),  # glued, as sbatch takes it
+    (["--no-requeue"], "slurmdist submit always submits with --requeue"),
+    (["--o", "x"], "any other sbatch option goes through --sbatch"),  # ambiguous to sbatch too: no guess
     (["--exclusive"], "any other sbatch option goes through --sbatch with its long name: --sbatch exclusive"),
 ])
 def test_an_sbatch_option_submit_sets_itself_is_told_what_to_use_instead(option, instead, capsys):
