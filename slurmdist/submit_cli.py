@@ -129,10 +129,14 @@ def cli_mem(text: Optional[str]) -> Optional[str]:
     """--mem as typed. A bare number is refused: in Python `mem=32` means 32 GiB, but sbatch's own --mem=32
     means 32 MB, and a user of either would get the other's meaning from it. 0 is all of the node's memory to
     sbatch, whatever the unit, and passes."""
-    if text is not None and memory_size_fault(text.strip()) == "no unit":
+    fault = None if text is None else memory_size_fault(text.strip())
+    if fault == "no unit":
         raise SlurmdistError(f"--mem {text.strip()} has no unit: sbatch reads a bare number as megabytes, slurmdist's "
                              "Python API as gibibytes. Write the unit, e.g. --mem 32G or --mem 500M (0: all of "
                              "the node's memory)")
+    if fault is not None:  # in the command's terms: the Python API's own message speaks of Python numbers
+        raise SlurmdistError(f"--mem {text!r} is not a Slurm memory size: give a whole number and its unit, such as "
+                             "32G or 500M (0: all of the node's memory)")
     return text
 
 

@@ -78,6 +78,8 @@ def test_sbatch_needs_a_key():
      "submits the job"),
     (["submit", "--signal", "", "--", "true"], "--signal '' names no signal: leave it out for the default, USR2"),
     (["submit", "--mem", "32", "--", "true"], "--mem 32 has no unit: sbatch reads a bare number as megabytes"),
+    (["submit", "--mem", "1.5G", "--", "true"], "--mem '1.5G' is not a Slurm memory size: give a whole number and its "
+     "unit, such as 32G"),
     # ... but what the user typed in quotes stays as typed, and prose keeps its words
     (["submit", "--sbatch", "cpus_per_task=4", "--", "true"], "sbatch option 'cpus_per_task' is set by slurmdist"),
     (["submit", "--sbatch", "no_requeue=1", "--", "true"], "preemption and the requeue signal rely on it"),
