@@ -129,7 +129,9 @@ def cli_mem(text: Optional[str]) -> Optional[str]:
     """--mem as typed. A bare number is refused: in Python `mem=32` means 32 GiB, but sbatch's own --mem=32
     means 32 MB, and a user of either would get the other's meaning from it. 0 is all of the node's memory to
     sbatch, whatever the unit, and passes."""
-    fault = None if text is None else memory_size_fault(text.strip())
+    if text is None:
+        return None
+    fault = memory_size_fault(text.strip())
     if fault == "no unit":
         raise SlurmdistError(f"--mem {text.strip()} has no unit: sbatch reads a bare number as megabytes, slurmdist's "
                              "Python API as gibibytes. Write the unit, e.g. --mem 32G or --mem 500M (0: all of "
