@@ -27,6 +27,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             args = parser.parse_args(argv)
         except SystemExit as done:
             if done.code:  # a usage error, already on stderr
+                if _meant_for_eval(sys.argv[1:] if argv is None else argv):
+                    print("false")  # as _env does on its errors: the `eval "$(...)" && ./train.sh` stops
                 raise
             # --help and --version: argparse ignores a failed write, so their text must be flushed here.
             _require_stdout()
@@ -186,6 +188,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _meant_for_eval(argv: Sequence[str]) -> bool:
+    """Whether a command line argparse refused was `slurmdist env` in its shell format (`--format shel`, an
+    unknown option beside `--format shell`), whose output a shell evals."""
+    words = [str(word) for word in argv]
+    if not words or words[0] != "env":
+        return False
+    values = [word.partition("=")[2] for word in words if word.startswith("--format=")]
+    values += [value for option, value in zip(words, words[1:]) if option == "--format"]
+    return any(value[:2] and "shell".startswith(value[:2]) for value in values)
+
+
 def _env(args: argparse.Namespace) -> int:
     from .detection import detect
     from .rendezvous import resolve_master
@@ -267,7 +280,8 @@ def _run(args: argparse.Namespace) -> int:
     from . import store_host, store_server
     from .bounds import Deadline, init_timeout, timeout_knob
     from .detection import detect
-    from .rendezvous import AGENT_STORE_VARIABLE, RESTART_COUNT_VARIABLE, resolve_master, wait_listening
+    from .rendezvous import (AGENT_STORE_VARIABLE, RESTART_COUNT_VARIABLE, RUN_ID_VARIABLE, resolve_master,
+                             wait_listening)
     from .task_command import not_started_text
 
     command = command_words(args.command, "slurmdist run", "slurmdist run -- python train.py ARGS...")
@@ -282,6 +296,10 @@ def _run(args: argparse.Namespace) -> int:
     deadline = Deadline(init_timeout(args.timeout, os.environ), timeout_knob(args.timeout, "--timeout"))
     env = resolve_master(detect(), deadline=deadline, finalize_mpi=True)  # exec next: no atexit to finalize
     child_env.update(command_variables(env))
+    # What torch.distributed.is_torchelastic_launched() reads: a script that starts its group only when torchrun
+    # launched it would otherwise train alone in every rank. One id per launch, as torchrun's --rdzv-id is;
+    # under torchrun (slurmdist run inside it), torchrun's own stays.
+    child_env.setdefault(RUN_ID_VARIABLE, f"slurmdist-{env.job_id or 'nojob'}-{env.master_port}")
     unstartable = _unstartable(command[0], child_env.get("PATH", os.defpath))
     if unstartable is not None:  # before rank 0 listens: the others then stop at "nothing listens", not in torch
         print(f"slurmdist: error: {unstartable[0]}", file=sys.stderr)
@@ -341,6 +359,8 @@ def _interpreter_missing(program: str, path: str) -> Optional[Tuple[str, int]]:
     """For a script whose #! line names an interpreter that does not exist (a console script of a deleted
     environment), or one that is not executable, what exec would fail with (ENOENT 127, EACCES 126); for a
     text file with no #! line, which a shell would run but exec cannot (ENOEXEC), 126; None otherwise."""
+    from .task_command import started_where
+
     try:
         with open(path, "rb") as script:
             first = script.readline(256)
@@ -349,22 +369,23 @@ def _interpreter_missing(program: str, path: str) -> Optional[Tuple[str, int]]:
     if not first.startswith(b"#!"):
         if first.startswith(b"\x7fELF") or b"\0" in first:  # a program: exec decides
             return None
-        return (f"cannot run {program!r}: it is a text file without a #! first line, which only a shell would "
-                "run: add one (#!/bin/bash, or #!/usr/bin/env python3), or name its interpreter (bash "
-                f"{program}) (on {os.uname().nodename})", 126)
+        return (f"cannot run {program!r}{started_where()}: it is a text file without a #! first line, which only a "
+                "shell would run: add one (#!/bin/bash, or #!/usr/bin/env python3), or name its interpreter (bash "
+                f"{program})", 126)
     words = first[2:].split()
     interpreter = os.fsdecode(words[0]) if words else ""
     if first.rstrip(b"\n").endswith(b"\r"):  # Windows line ends: the kernel reads '/bin/bash\r' as the name
         last = os.fsdecode(words[-1] if words else b"") + "\r"  # split() took the carriage return off
-        return (f"cannot run {program!r}: its #! line ends in a carriage return (the file has Windows line ends), so "
+        return (f"cannot run {program!r}{started_where()}: its #! line ends in a carriage return (the file has "
+                "Windows line ends), so "
                 f"the kernel takes {last!r} for the {'interpreter' if len(words) <= 1 else 'last argument'}: convert "
                 f"it (dos2unix {program}, or sed -i 's/\\r$//' {program})", 127)
     if not interpreter or (os.path.isfile(interpreter) and os.access(interpreter, os.X_OK)):
         return None
     exists = os.path.exists(interpreter)
-    return (f"cannot run {program!r}: its #! line names the interpreter {interpreter!r}, which "
-            f"{'is not executable' if exists else 'does not exist'} (on {os.uname().nodename}): reinstall the command "
-            "in this environment, or run it with its interpreter", 126 if exists else 127)
+    return (f"cannot run {program!r}{started_where()}: its #! line names the interpreter {interpreter!r}, which "
+            f"{'is not executable' if exists else 'does not exist'}: reinstall the command in this environment, or "
+            "run it with its interpreter", 126 if exists else 127)
 
 
 def _host_limit(text: str) -> int:

@@ -42,6 +42,7 @@ log = logging.getLogger("slurmdist")
 # torchrun sets it, and so does `slurmdist run` when its store host serves the store.
 AGENT_STORE_VARIABLE = "TORCHELASTIC_USE_AGENT_STORE"
 RESTART_COUNT_VARIABLE = "TORCHELASTIC_RESTART_COUNT"
+RUN_ID_VARIABLE = "TORCHELASTIC_RUN_ID"
 # A name lookup, Slurm's NodeAddr (`scontrol`) or a hostfile read: each answers in milliseconds or hangs
 # (a dead DNS server, an unreachable slurmctld, a stalled mount); past this it fails naming what hung.
 LOOKUP_BOUND = 10.0
@@ -479,7 +480,7 @@ def run_prefix(env: DistEnv, environ: Mapping[str, str], generation: int) -> str
     parts = [
         env.job_id or "nojob",
         (slurm.step_id(environ) or "") if env.launcher == "slurm" else "",
-        environ.get("TORCHELASTIC_RUN_ID", ""),
+        environ.get(RUN_ID_VARIABLE, ""),
         environ.get(RESTART_COUNT_VARIABLE, ""),
         str(generation),
     ]

@@ -176,11 +176,17 @@ def _kill_if_running(child: subprocess.Popen, whole_group: bool) -> None:
         child.wait(timeout=commands.REAP_GRACE)
 
 
+def started_where(cwd: Optional[str] = None) -> str:
+    """" (on NODE, in DIRECTORY)", for a message about a command that did not start: every rank of a step prints
+    one, and the node and directory tell them apart."""
+    return f" (on {os.uname().nodename}, in {cwd or os.getcwd()})"
+
+
 def not_started_text(program: str, exc: OSError, cwd: Optional[str]) -> str:
     """Why the command could not start, in the words `slurmdist run` uses."""
     import errno
 
-    where = f" (on {os.uname().nodename}, in {cwd or os.getcwd()})"
+    where = started_where(cwd)
     if exc.errno == errno.ENOENT and exc.filename == cwd:
         return f"cannot run {program!r}: its working directory {cwd!r} does not exist{where}"
     if exc.errno == errno.ENOENT and os.sep in program:

@@ -37,7 +37,8 @@ hosts = [int(pid) for pid in os.listdir("/proc") if pid.isdigit() and argv(pid)[
 for pid in hosts:
     for sig in (signal.SIGUSR2, signal.SIGTERM, signal.SIGINT):
         os.kill(pid, sig)
-report = {"agent_store": os.environ.get("TORCHELASTIC_USE_AGENT_STORE"), "children": children, "hosts": hosts}
+report = {"agent_store": os.environ.get("TORCHELASTIC_USE_AGENT_STORE"), "children": children, "hosts": hosts,
+          "elastic": dist.is_torchelastic_launched(), "run_id": os.environ.get("TORCHELASTIC_RUN_ID")}
 try:
     store = dist.TCPStore(addr, port, None, False, timedelta(seconds=20))
     store.set("probe", "ok")
@@ -90,6 +91,8 @@ def test_rank_0_serves_a_store_that_outlives_signals_and_ends_with_the_command()
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert report["agent_store"] == "True"
+    # A script that starts its group only under torchrun (is_torchelastic_launched()) trained alone per rank.
+    assert report["elastic"] is True and report["run_id"] == f"slurmdist-nojob-{port}"
     assert len(report["hosts"]) == 1  # one store host for this port
     assert report["children"] == []  # and not the command's child: its os.wait() must not wait for it
     assert report["store"] == "ok"  # still serving after SIGUSR2, SIGTERM and SIGINT
@@ -274,3 +277,11 @@ def test_the_store_host_reports_why_it_cannot_serve():
                             stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
     assert result.returncode == 1
     assert "rendezvous store on port 1 could not be served" in result.stderr
+
+
+def test_under_torchrun_the_command_keeps_torchruns_run_id():
+    port = free_port()
+    environ = rank_environ(0, 1, port, TORCHELASTIC_RUN_ID="torchruns-own", TORCHELASTIC_USE_AGENT_STORE="True")
+    result = slurmdist_run(environ, PYTHON, "-c", "import os; print(os.environ['TORCHELASTIC_RUN_ID'])")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "torchruns-own"

@@ -81,6 +81,19 @@ def test_env_shell_format_that_fails_stops_the_eval_and_what_follows_it():
     assert "RANK" in result.stderr and "Traceback" not in result.stderr, result.stderr
 
 
+@pytest.mark.parametrize("options, stopped", [
+    ("--format shel", True), ("--format shell --bogus", True), ("--format=sh", True),
+    ("--format json --bogus", False),  # nobody evals JSON: its stdout stays empty
+])
+def test_a_mistyped_env_command_line_stops_the_eval_too(options, stopped):
+    # argparse's usage error came before slurmdist's own handling: nothing on stdout, eval "" succeeded.
+    script = f'eval "$({sys.executable} -m slurmdist env {options})" && echo train.sh ran'
+    result = subprocess.run(["bash", "-c", script], env=clean_environ(), capture_output=True, text=True, timeout=30)
+    assert result.returncode == (1 if stopped else 0), result
+    assert ("train.sh ran" in result.stdout) != stopped
+    assert "usage:" in result.stderr
+
+
 def test_version_prints_the_installed_distributions_version():
     from importlib.metadata import version
 
@@ -209,6 +222,7 @@ def test_run_looks_up_the_command_as_exec_would_before_anything_starts(tmp_path)
     gone = run("train")
     assert gone.returncode == 127 and "its #! line names the interpreter '/no/such/venv/bin/python', which does " \
         "not exist" in gone.stderr, gone.stderr
+    assert f"(on {os.uname().nodename}, in {tmp_path})" in gone.stderr, gone.stderr
     assert run("prep").returncode == 126 and "command is not executable: 'prep'" in run("prep").stderr
     (bin_dir / "interpreter").write_text("")  # there, but not executable: exec says EACCES, a shell 126
     stale.write_text(f"#!{bin_dir / 'interpreter'}\n")
@@ -228,6 +242,8 @@ def test_run_names_windows_line_ends_in_a_scripts_first_line(tmp_path, first_lin
     result = slurmdist("run", "--", str(script), environ=clean_environ())
     assert result.returncode == 127 and "ends in a carriage return (the file has Windows line ends)" in result.stderr
     assert f"the kernel takes {taken}" in result.stderr and f"dos2unix {script}" in result.stderr, result.stderr
+    # Every rank of a step prints it: the node and directory tell them apart, as for a command not found.
+    assert f"(on {os.uname().nodename}, in {os.getcwd()})" in result.stderr, result.stderr
 
 
 def test_run_reports_a_command_the_kernel_cannot_execute(tmp_path):
@@ -238,6 +254,7 @@ def test_run_reports_a_command_the_kernel_cannot_execute(tmp_path):
     # Found before anything starts (rank 0 served the store first), saying what a shell would have done.
     assert result.returncode == 126 and "a text file without a #! first line" in result.stderr, result.stderr
     assert f"(bash {script})" in result.stderr and "Traceback" not in result.stderr
+    assert f"(on {os.uname().nodename}, in {os.getcwd()})" in result.stderr, result.stderr
     binary = tmp_path / "program"
     binary.write_bytes(b"\x7fELF\x02\x01\x01" + bytes(64))  # a program exec cannot load: exec's own words
     binary.chmod(0o755)
