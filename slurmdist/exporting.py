@@ -41,7 +41,8 @@ def export_env(env: DistEnv, environ: Optional[MutableMapping[str, str]] = None)
     """Set torchrun's variables in `environ` (default `os.environ`); returns what was set. A single process
     gets a free port, as `init_process_group()` over env:// needs one even then.
 
-    A launch whose master is not known yet is an error (an MPI launch across nodes, or MPICH's and the other
+    A master name is exported as an address every rank resolves: the name where DNS has it, else Slurm's
+    NodeAddr for it (a lookup, bounded). A launch whose master is not known yet is an error (an MPI launch across nodes, or MPICH's and the other
     PMI launchers' even on one node, agrees on rank 0's address and port at the rendezvous): a library reading
     the variables would fail later, far from the cause. `torchrun_variables()` gives the ranks alone.
 
@@ -64,6 +65,14 @@ def export_env(env: DistEnv, environ: Optional[MutableMapping[str, str]] = None)
         from .hosts import free_port
 
         env = env.replace(master_port=free_port())
+    from .interfaces import ip_of
+
+    if env.world_size > 1 and env.master_addr is not None and ip_of(env.master_addr) is None:
+        # A library's env:// start dials MASTER_ADDR from every rank, and cannot fall back to Slurm's NodeAddr
+        # as init() does: the ranks init() left on the master's node hold its name, which may not be in DNS.
+        from .hosts import resolve_host
+
+        env = env.replace(master_addr=resolve_host(env.master_addr, os.environ))
     variables = torchrun_variables(env)
     target.update(variables)
     return variables

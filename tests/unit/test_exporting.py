@@ -25,6 +25,19 @@ def test_an_srun_task_exports_slurms_placement_under_torchruns_names(case):
     assert 0 < int(written["MASTER_PORT"]) < 65536
 
 
+def test_a_master_name_not_in_dns_is_exported_as_slurms_node_addr(case, tmp_path, monkeypatch):
+    # After init(), the ranks on the master's node hold its name (they met over loopback); a library's env://
+    # start dials it from every rank, and a name not in DNS failed there (torch retried until its timeout).
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("NodeName=nosuchnode-s44 NodeAddr=127.0.0.44 CPUs=2\n")
+    monkeypatch.setenv("SLURM_CONF", str(conf))
+    monkeypatch.setenv("PATH", "")  # no scontrol to ask: slurm.conf says it
+    env = detect(case("slurm/srun_N2_tpn2")[1]).replace(master_addr="nosuchnode-s44", master_port=29544)
+    assert export_env(env, {})["MASTER_ADDR"] == "127.0.0.44"
+    assert export_env(env.replace(master_addr="localhost"), {})["MASTER_ADDR"] == "localhost"  # in DNS: as it is
+    assert export_env(env.replace(master_addr="10.9.8.7"), {})["MASTER_ADDR"] == "10.9.8.7"  # no lookup at all
+
+
 def test_a_single_process_gets_a_port_for_env_init():
     written = export_env(detect({}), {})
     assert (written["WORLD_SIZE"], written["RANK"], written["MASTER_ADDR"]) == ("1", "0", "127.0.0.1")
