@@ -174,10 +174,11 @@ def check_available(name: str, caps: Capabilities) -> None:
 
 
 def choose(
-    requested: str, caps: Capabilities, device: Optional[str] = None, environ: Optional[Mapping[str, str]] = None
+    requested: str, caps: Capabilities, device: Optional[str] = None, environ: Optional[Mapping[str, str]] = None,
+    asked: Any = None,
 ) -> BackendChoice:
     """Pick the backend and device type. `device` ('cpu', 'cuda', 'npu') overrides the device type;
-    `environ` only feeds messages (which visibility variables are set).
+    `environ` and `asked` (the device as the caller gave it: 'cuda:1', a torch.device) only feed messages.
 
     auto: CUDA devices -> nccl, NPUs under torch_npu -> hccl, otherwise gloo on the CPU.
     """
@@ -189,7 +190,8 @@ def choose(
             choice = BackendChoice("hccl", "npu")
         else:
             choice = BackendChoice("gloo", device or "cpu")
-        return _checked(choice, caps, environ, subject=f"device={device!r} was asked for" if device else None)
+        shown = device if asked is None else asked
+        return _checked(choice, caps, environ, subject=f"device={shown!r} was asked for" if device else None)
     mapping = parse_backend(requested)
     for name in mapping.values():
         check_available(name, caps)

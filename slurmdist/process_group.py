@@ -119,7 +119,7 @@ def _choose_device(env: DistEnv, backend: str, device: Any, environ: Mapping[str
     devices.share_requested(environ)
     device_type, index = backends.split_device(device)
     caps = backends.probe(backend, device_type, environ)
-    choice = backends.choose(backend, caps, device_type, environ)
+    choice = backends.choose(backend, caps, device_type, environ, asked=device)
     unused = None if device_type == "cpu" else (  # the CPU asked for: nothing to warn about
         backends.unused_gpus(backend, choice, caps, environ) or backends.unused_npus(backend, choice, caps))
     if unused and env.local_rank == 0:  # once per node: the node's ranks share the cause

@@ -248,6 +248,15 @@ def test_asking_for_a_missing_device_gives_advice_that_works():
         choose("nccl", CUDA._replace(cuda_devices=0), None)
 
 
+
+@pytest.mark.parametrize("device", ["cuda:1", "cuda:0"])
+def test_a_missing_device_is_quoted_as_it_was_given(device):
+    import slurmdist
+
+    with pytest.raises(BackendError, match=re.escape(f"device={device!r} was asked for but this process sees none")):
+        slurmdist.init(device=device, environ={})
+
+
 @pytest.mark.parametrize("backend", [None, 3, ["gloo"]])
 def test_init_refuses_a_backend_that_is_not_a_name_before_anything_else(backend):
     import slurmdist
