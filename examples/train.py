@@ -260,8 +260,10 @@ class RequeueAfterSave:
 
     @requested.setter
     def requested(self, value: bool) -> None:
-        # After a SIGTERM every rank stops at this step (`all_agree_to_stop`) and returns 143 itself.
-        if not value and self.preemption.requested and not self.preemption.ending and not self.not_requeued:
+        # After a SIGTERM every rank stops at this step (`all_agree_to_stop`) and returns 143 itself; a
+        # preemption's SIGTERM within a partition's GraceTime also requeues (Slurm would not: see `preempted`).
+        ending = self.preemption.ending and not self.preemption.preempted()
+        if not value and self.preemption.requested and not ending and not self.not_requeued:
             try:
                 self.preemption.requeue()  # rank 0: scontrol requeue, then wait to be ended
             except slurmdist.requeue.RequeueError as error:  # not a Slurm job, not requeueable, out of requeues

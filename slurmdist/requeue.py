@@ -19,7 +19,9 @@ wait out Slurm's KillWait). The requeued job starts the same script, which loads
 SIGTERM without a warning before it (a preemption, which sends the warning only where the cluster sets
 `preempt_send_user_signal`; `scancel`; a time limit the warning did not precede) also sets `requested`: rank 0
 saves at the next step boundary as above, and `requeue()` then ends it without requeueing, since Slurm is
-ending the job itself (and requeues a preempted job on its own). The other ranks keep stepping until Slurm ends
+ending the job itself (and requeues a preempted job on its own), unless Slurm is preempting it within a
+partition's GraceTime (`Preemption.preempted()`): Slurm then requeues only a job still running when the grace
+time is over, so rank 0 requeues it itself. The other ranks keep stepping until Slurm ends
 them, and fail in their next collective once rank 0 has left it: they must not stop first, since Slurm signals
 each rank at its own moment and rank 0 may not have saved yet. To have every rank stop cleanly at one step,
 agree on it: an all_reduce (MAX) of `preemption.requested` at each step boundary, then every rank saves or
@@ -287,6 +289,7 @@ class Preemption:
         self.rank = rank
         self.received_at: Optional[float] = None
         self.ending = False  # SIGTERM came first: Slurm is ending the job (preemption, scancel, time limit)
+        self._preempted: Optional[bool] = None  # asked of Slurm once, after a SIGTERM (see `preempted`)
         self._previous: Any = None
         self._previous_term: Any = None
         self._installed = False
@@ -336,6 +339,15 @@ class Preemption:
                     "because another task failed: see its error above): checkpoint at the next step boundary; Slurm "
                     "is ending the job", self.rank)
 
+    def preempted(self, environ: Optional[Mapping[str, str]] = None) -> bool:
+        """After a SIGTERM: whether it is a preemption's (Slurm set the job's PreemptTime), asked of `scontrol
+        show job` once, within a bound; False outside Slurm or when Slurm does not say. A partition with a
+        GraceTime sends SIGTERM and ends the job only when the grace time is over, and a job whose steps ended
+        before that is not requeued: the preempted job must requeue itself, as after the warning."""
+        if self._preempted is None:
+            self._preempted = self.ending and preemption_started(os.environ if environ is None else environ)
+        return self._preempted
+
     def requeue(self, environ: Optional[Mapping[str, str]] = None) -> None:
         """After rank 0 saved its checkpoint: requeue the job and end this process.
 
@@ -348,15 +360,26 @@ class Preemption:
         """
         if self.rank != 0:
             return
-        if self.ending:
+        environ = os.environ if environ is None else environ
+        if self.ending and not self.preempted(environ):
             log.warning("slurmdist: checkpoint saved; not requeued by slurmdist, since Slurm is ending the job")
             exit_without_result(ENDED_EXIT_STATUS)
-        environ = os.environ if environ is None else environ
+        if self.ending:  # a preemption in its grace time: Slurm requeues only a job still running at its end
+            log.warning("slurmdist: checkpoint saved; Slurm is preempting the job (its PreemptTime is set): "
+                        "requeueing it, since a job that ends within the partition's GraceTime is not requeued")
         counter = LocalRestarts.of(environ) if under_local_executor(environ) else None
         restarts = counter.count() if counter else 0
         decision = plan(environ, self.max_requeues, restarts)
         if decision.action is Action.GIVE_UP:
             raise RequeueError(f"not requeued: {decision.reason}")
+        if self.ending:  # preempted: Slurm may be requeueing it already (no GraceTime), which refuses ours
+            try:
+                _run_requeue(decision.command)
+            except RequeueError as error:
+                log.warning("slurmdist: %s; Slurm is ending the job", error)
+                exit_without_result(ENDED_EXIT_STATUS)
+            log.warning("slurmdist: requeued job %s; waiting for Slurm to end this run", decision.job_id)
+            _wait_to_be_ended(KILL_WAIT_TIMEOUT)
         if decision.action is Action.LOCAL_RESTART:
             if counter is not None:
                 counter.record(restarts + 1)
@@ -489,6 +512,23 @@ def _wait_to_be_ended(timeout: float) -> None:
         time.sleep(0.2)
     log.warning("slurmdist: still running %.0fs after the requeue; exiting", timeout)
     exit_without_result(ENDED_EXIT_STATUS)  # the job is queued again: this run ends without a result
+
+
+PREEMPT_QUERY_TIMEOUT = 10.0  # seconds for `scontrol show job`, after a SIGTERM
+
+
+def preemption_started(environ: Mapping[str, str]) -> bool:
+    """Whether Slurm has begun preempting this job: `scontrol show job` gives its PreemptTime (None until then).
+    False outside Slurm, or when scontrol cannot tell within PREEMPT_QUERY_TIMEOUT."""
+    job_id = environ.get("SLURM_JOB_ID")
+    if not job_id:
+        return False
+    try:
+        proc = commands.run(["scontrol", "show", "job", "-o", job_id], PREEMPT_QUERY_TIMEOUT)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    fields = dict(word.partition("=")[::2] for word in proc.stdout.split() if "=" in word)
+    return proc.returncode == 0 and fields.get("PreemptTime", "None") not in ("None", "Unknown", "")
 
 
 def exit_without_result(status: int) -> None:

@@ -235,6 +235,30 @@ def test_a_preempted_job_saves_on_sigterm_is_requeued_by_slurm_and_resumes(clust
     assert history == ["PREEMPTED", "COMPLETED"], history
 
 
+def test_a_job_preempted_within_a_grace_time_requeues_itself_and_resumes(cluster, example, reference, tmp_path):
+    # With a partition GraceTime, Slurm sends SIGTERM and requeues the job only if it still runs when the grace
+    # time is over: the ranks saved and exited at once, and the job ended FAILED, never requeued (a trial).
+    from slurmdist.submit import Submitter, results
+
+    steps = LONG_STEPS
+    cluster.run(["scontrol", "update", "PartitionName=debug", "GraceTime=30"])
+    try:
+        submitter = Submitter(nodes=2, tasks_per_node=1, time=5, folder=tmp_path / "%j")
+        job = submitter.submit(slow_until_requeued(example, tmp_path / "ckpt.pt"))
+        wait_for_line(job.paths.stdout, rf"step \d+/{steps}")
+        cluster.run(["sbatch", "--partition=urgent", "--nodes=2", "--exclusive",
+                     f"--output={tmp_path / 'urgent.out'}", "--wrap=sleep 1"])
+        outcome = results(job, timeout=TIMEOUT)
+    finally:
+        cluster.run(["scontrol", "update", "PartitionName=debug", "GraceTime=0"])
+    stderr = "".join(task_stderrs(job, 2))
+    assert "Slurm is preempting the job (its PreemptTime is set): requeueing it" in stderr, stderr
+    assert outcome[0]["restarts"] == 1
+    assert 0 < outcome[0]["resumed_from_step"] < steps  # saved on SIGTERM, not started over
+    assert {r["checksum"] for r in outcome} == {reference(2, 1, steps)["checksum"]}
+    assert run_history(cluster, job.job_id)[-1] == "COMPLETED"
+
+
 REQUEUEING_COMMAND = """
 import os, sys, time
 import slurmdist.requeue
