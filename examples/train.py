@@ -232,6 +232,10 @@ class CheckpointRequest:
         signal.signal(CHECKPOINT_SIGNAL, lambda signum, frame: setattr(self, "requested", True))
         signal.signal(signal.SIGTERM, lambda signum, frame: setattr(self, "stopping", True))
 
+    def agree(self, requested_anywhere: bool) -> None:
+        """Some rank got the warning: rank 0 saves, whichever rank Slurm signalled."""
+        self.requested = self.requested or requested_anywhere
+
 
 class RequeueAfterSave:
     """The request `train()` polls, when the warning signal means "save, then requeue the job".
@@ -249,6 +253,10 @@ class RequeueAfterSave:
 
     def install(self) -> None:
         """Nothing to add: `slurmdist.requeue.install()` already listens for both signals."""
+
+    def agree(self, requested_anywhere: bool) -> None:
+        """Some rank got the warning: rank 0 saves and requeues, whichever rank Slurm signalled."""
+        self.preemption.agree(requested_anywhere)
 
     @property
     def stopping(self) -> bool:
@@ -289,15 +297,17 @@ def stop_status(request: Any) -> int:
 def all_agree_to_stop(request: Any, env: slurmdist.DistEnv) -> int:
     """0 while every rank goes on; else, on every rank at the same step, the status to stop with (SIGTERM's
     wins). Slurm signals the ranks at slightly different moments, only rank 0 learns that the job cannot be
-    requeued, and a rank that stopped alone would leave the others waiting in a collective."""
+    requeued, and a rank that stopped alone would leave the others waiting in a collective. The warning is
+    shared in the same all_reduce (`request.agree`): one that reached only some ranks still makes rank 0 save."""
     status = stop_status(request)
     if env.world_size == 1:
         return status
     import torch.distributed as dist
 
-    flag = torch.tensor([float(status)], device=env.device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    return int(flag.item())
+    flags = torch.tensor([float(status), float(request.requested)], device=env.device)
+    dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+    request.agree(bool(flags[1].item()))
+    return int(flags[0].item())
 
 
 def global_mean(value: torch.Tensor, world_size: int) -> float:
@@ -363,9 +373,10 @@ def train(args: argparse.Namespace, env: slurmdist.DistEnv, request: Request) ->
                              f"({time.monotonic() - started:.1f} s)")
         stop = all_agree_to_stop(request, env)
         due = args.checkpoint_every and state.step % args.checkpoint_every == 0
-        if args.checkpoint and env.is_main and (due or request.requested or stop):
-            save_checkpoint(state, args.checkpoint)
-            request.requested = False
+        if args.checkpoint and (due or request.requested or stop):
+            if env.is_main:
+                save_checkpoint(state, args.checkpoint)
+            request.requested = False  # on every rank: the warning was agreed on, and is answered
         if stop:
             why = "SIGTERM" if stop == STOPPED_EXIT_STATUS else "not requeued"
             slurmdist.print0(f"{why}: stopped at step {state.step}" +

@@ -12,7 +12,9 @@ Slurm sends a signal shortly before it ends a job (``#SBATCH --signal=USR2@120``
             preemption.requeue()                 # rank 0: `scontrol requeue`; then every rank ends
 
 Only rank 0 acts: the other ranks keep stepping and are ended by Slurm when the requeue takes effect, so no rank
-ever leaves a collective half-done and nothing raises. To make that end immediate, the handler restores
+ever leaves a collective half-done and nothing raises. A warning that reaches only some ranks (Slurm signals
+each at its own moment; `scancel --signal -w NODE`) must still reach rank 0: share `requested` at each step
+boundary (an all_reduce MAX) and pass the result to `preemption.agree()` on every rank (examples/train.py does). To make that end immediate, the handler restores
 SIGTERM's default action when the warning arrives (submitit otherwise ignores SIGTERM and the ranks would
 wait out Slurm's KillWait). The requeued job starts the same script, which loads the checkpoint and resumes.
 
@@ -338,6 +340,16 @@ class Preemption:
         log.warning("slurmdist: rank %d got SIGTERM (preemption, scancel, the time limit, or srun ending the step "
                     "because another task failed: see its error above): checkpoint at the next step boundary; Slurm "
                     "is ending the job", self.rank)
+
+    def agree(self, requested_anywhere: bool) -> None:
+        """Take the warning as received here when some rank got it (`requested_anywhere`: an all_reduce MAX of
+        `requested` at the step boundary, on every rank). Slurm signals each rank at its own moment, and
+        `scancel --signal` on one node reaches only its ranks: rank 0 must still save and requeue, and every
+        rank's SIGTERM must turn fatal, as the warning itself makes it."""
+        if requested_anywhere and self.received_at is None:
+            self.received_at = time.monotonic()
+            if threading.current_thread() is threading.main_thread():  # only it may set a handler
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
     def preempted(self, environ: Optional[Mapping[str, str]] = None) -> bool:
         """After a SIGTERM: whether it is a preemption's (Slurm set the job's PreemptTime), asked of `scontrol

@@ -360,7 +360,22 @@ def test_requeue_signal_checkpoints_requeues_and_resumes_bit_identically(slurm_c
     assert result["checksum"] == uninterrupted["checksum"]
 
 
-@pytest.mark.parametrize("interruption", ["warning", "preemption"])
+def task_pid(job: str, rank: int) -> int:
+    """The pid of the job's training process of `rank` (train.py, by its SLURM_PROCID), on this machine."""
+    for entry in Path("/proc").iterdir():
+        try:
+            environ = dict(item.partition("=")[::2] for item in
+                           (entry / "environ").read_bytes().decode(errors="replace").split("\0") if item)
+            cmdline = (entry / "cmdline").read_bytes()
+        except (OSError, ValueError):
+            continue
+        if (environ.get("SLURM_JOB_ID") == job and environ.get("SLURM_PROCID") == str(rank)
+                and b"train.py" in cmdline and b"python" in cmdline.split(b"\0")[0]):
+            return int(entry.name)
+    raise AssertionError(f"no train.py of rank {rank} in job {job}")
+
+
+@pytest.mark.parametrize("interruption", ["warning", "warning on one rank", "preemption"])
 def test_the_job_script_saves_is_requeued_and_resumes(slurm_cluster, tmp_path, uninterrupted, reliability_record,
                                                       interruption):
     """sbatch/train_2n4g.sh as users submit it (scaled to this machine). Its --signal warning before the time
@@ -378,6 +393,9 @@ def test_the_job_script_saves_is_requeued_and_resumes(slurm_cluster, tmp_path, u
     if interruption == "warning":
         slurm_cluster.run(["scancel", "--signal=USR2", job])
         fault = "scancel --signal=USR2 (what its --signal=USR2@120 sends)"
+    elif interruption == "warning on one rank":  # rank 1's alone: rank 0 must still save and requeue
+        os.kill(task_pid(job, rank=1), signal.SIGUSR2)
+        fault = "SIGUSR2 to rank 1 alone (Slurm signals each rank at its own moment)"
     else:
         slurm_cluster.run(["sbatch", "--partition=urgent", "--nodes=2", "--exclusive",
                            f"--output={tmp_path / 'urgent.out'}", "--wrap=sleep 1"])
@@ -388,7 +406,7 @@ def test_the_job_script_saves_is_requeued_and_resumes(slurm_cluster, tmp_path, u
     restarts = re.search(r"\bRestarts=(\d+)", slurm_cluster.run(["scontrol", "-o", "show", "job", job]).stdout)
     result = json.loads(result_file.read_text())
     reliability_record(
-        f"{'time-limit warning' if interruption == 'warning' else 'preemption'} in sbatch/train_2n4g.sh",
+        f"{'preemption' if interruption == 'preemption' else 'time-limit ' + interruption} in sbatch/train_2n4g.sh",
         f"sbatch train_2n4g.sh, 2 nodes x 1 task, {STEPS} steps", fault, time.time() - signalled,
         f"requeued {restarts.group(1) if restarts else '?'}x, resumed at step "
         f"{resumed.group(1) if resumed else '?'}; final checksum "
