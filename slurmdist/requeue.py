@@ -96,6 +96,8 @@ SENT_ON_THEIR_OWN = {
     signal.SIGXFSZ: "is what the kernel sends when a file grows past the size limit",
     signal.SIGIO: "is what the kernel sends for asynchronous I/O",
     signal.SIGINT: "is what Ctrl-C and a local job's cancel send, which would then requeue the job, not stop it",
+    # init() also takes it as "stop" (slurmdist.signal_cut): a warning during the rendezvous would break it.
+    signal.SIGHUP: "is what a closing terminal or ssh session sends (and init() stops its rendezvous on it)",
     **dict.fromkeys((signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGILL, signal.SIGABRT, signal.SIGTRAP,
                      signal.SIGSYS), _CRASH),
     **dict.fromkeys((signal.SIGALRM, signal.SIGVTALRM, signal.SIGPROF), _TIMER),
