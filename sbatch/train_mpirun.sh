@@ -63,6 +63,8 @@ echo "job $SLURM_JOB_ID: mpirun on $SLURM_NNODES nodes ($SLURM_JOB_NODELIST), $S
 # node (rank order follows nodes); without a per-node count (salloc -N2 -n6: 5 and 1), the allocation's own
 # slots, node by node. --bind-to none: leave the cores Slurm gave the job to torch's own threads.
 map_by=${SLURM_NTASKS_PER_NODE:+ppr:$SLURM_NTASKS_PER_NODE:node}
+started="$TRAIN_DIR/.mpirun-started-${SLURM_JOB_ID}"
+touch "$started"
 mpirun -np "$SLURM_NTASKS" \
     --map-by "${map_by:-slot}" \
     --bind-to none \
@@ -71,4 +73,12 @@ mpirun -np "$SLURM_NTASKS" \
     --checkpoint "$TRAIN_DIR/checkpoint.pt" \
     --out "$TRAIN_DIR/result.json"
 
+# Open MPI can end with status 0 when a signal it does not pass on (scancel --signal) killed a remote daemon:
+# no new result is no success.
+if [[ ! "$TRAIN_DIR/result.json" -nt "$started" ]]; then
+    echo "train_mpirun.sh: mpirun ended, but wrote no new $TRAIN_DIR/result.json: the run stopped early (see above)" >&2
+    rm -f "$started"
+    exit 1
+fi
+rm -f "$started"
 echo "result: $TRAIN_DIR/result.json"

@@ -113,3 +113,26 @@ def test_rendered_scripts_and_the_torchrun_script_read_an_sallocs_own_layout(slu
                         TRAIN_DIR=str(tmp_path / "run"))
     assert stacked.returncode == 2 and "NPROC_PER_NODE=3 workers per node, but the job has 2 GPU(s) per node" \
         in stacked.stderr, stacked.stderr
+
+
+def test_an_mpirun_job_whose_daemon_a_signal_killed_does_not_end_as_a_success(slurm_cluster, tmp_path):
+    # `scancel --signal=USR2` kills the remote prted (mpirun does not pass it on): mpirun then exited 0, and the
+    # job ended COMPLETED with no result, still printing "result: .../result.json".
+    log = tmp_path / "job.out"
+    env = {"TRAIN_DIR": str(tmp_path / "run"), "TRAIN_STEPS": "100000", "PYTHON": PYTHON, "OMP_NUM_THREADS": "1",
+           "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+    job = slurm_cluster.run(["sbatch", "--parsable", "-N2", "--ntasks-per-node=1", "--cpus-per-task=1",
+                             f"--output={log}", "sbatch/train_mpirun.sh"], env=env, cwd=REPO,
+                            timeout=TIMEOUT).stdout.strip()
+    deadline = time.monotonic() + TIMEOUT
+    while not (log.exists() and "step 20/" in log.read_text()):
+        assert time.monotonic() < deadline, log.read_text() if log.exists() else "no log"
+        time.sleep(0.3)
+    slurm_cluster.run(["scancel", "--signal=USR2", job], timeout=30)
+    while slurm_cluster.run(["squeue", "-h", "-j", job], check=False, timeout=30).stdout.strip():
+        assert time.monotonic() < deadline, log.read_text()
+        time.sleep(0.3)
+    output = log.read_text()
+    assert "wrote no new" in output and "result: " not in output, output
+    state = slurm_cluster.run(["scontrol", "-o", "show", "job", job], timeout=30).stdout
+    assert "JobState=FAILED" in state, state
