@@ -42,7 +42,11 @@ import slurmdist.requeue  # noqa: E402  # imports no torch: fast enough to come 
 
 # What `#SBATCH --signal=USR2@120` sends before the time limit (USR2: NCCL has used SIGUSR1 itself); a script
 # that `slurmdist sbatch --signal PWR@90` rendered says so in SLURMDIST_REQUEUE_SIGNAL.
-CHECKPOINT_SIGNAL = slurmdist.requeue.parse_signal()
+try:
+    CHECKPOINT_SIGNAL = slurmdist.requeue.parse_signal()
+except slurmdist.requeue.RequeueError as bad_signal:  # SLURMDIST_REQUEUE_SIGNAL=KILL: say so, no traceback
+    print(f"train.py: {bad_signal}", file=sys.stderr)
+    sys.exit(2)
 HELD_SIGNALS: List[int] = []
 if __name__ == "__main__":
     for held in (CHECKPOINT_SIGNAL, signal.SIGTERM):

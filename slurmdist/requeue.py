@@ -46,7 +46,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import Any, List, Mapping, Optional, Union
+from typing import Any, Dict, List, Mapping, Optional, Union
 
 from . import commands, procfs
 from .envvars import is_whole, whole_number
@@ -383,6 +383,8 @@ class Preemption:
                         "requeueing it, since a job that ends within the partition's GraceTime is not requeued")
         counter = LocalRestarts.of(environ) if under_local_executor(environ) else None
         restarts = counter.count() if counter else 0
+        if counter is None and restart_count(environ) >= self.max_requeues:  # before giving up: Slurm's own count
+            environ = with_slurms_restart_count(environ)
         decision = plan(environ, self.max_requeues, restarts)
         if decision.action is Action.GIVE_UP:
             raise RequeueError(f"not requeued: {decision.reason}")
@@ -465,9 +467,11 @@ def _run_requeue(command: List[str]) -> None:
         if "only batch jobs" in said.lower():  # started by srun or salloc, not sbatch
             hint = ("Slurm requeues only jobs submitted with sbatch, and this one was started by srun or salloc: "
                     "rerun it to resume from the checkpoint, or submit it with sbatch")
-        else:
+        elif "disabled" in said.lower() or "requeue" in said.lower():
             hint = ("The cluster may forbid requeues (JobRequeue=0): submit with --requeue, or resubmit by hand to "
                     "resume from the checkpoint")
+        else:
+            hint = "The checkpoint is saved: resubmit the job to resume from it"
         raise RequeueError(f"`{' '.join(command)}` failed ({proc.returncode}): {said}. {hint}")
 
 
@@ -528,21 +532,35 @@ def _wait_to_be_ended(timeout: float) -> None:
     exit_without_result(ENDED_EXIT_STATUS)  # the job is queued again: this run ends without a result
 
 
-PREEMPT_QUERY_TIMEOUT = 10.0  # seconds for `scontrol show job`, after a SIGTERM
+JOB_QUERY_TIMEOUT = 10.0  # seconds for `scontrol show job`, asked only when a requeue depends on it
+
+
+def job_fields(environ: Mapping[str, str]) -> Dict[str, str]:
+    """This job's record as `scontrol show job -o` gives it (JobState, Restarts, PreemptTime, ...); empty
+    outside Slurm, or when scontrol cannot tell within JOB_QUERY_TIMEOUT."""
+    job_id = environ.get("SLURM_JOB_ID")
+    if not job_id:
+        return {}
+    try:
+        proc = commands.run(["scontrol", "show", "job", "-o", job_id], JOB_QUERY_TIMEOUT)
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    if proc.returncode != 0:
+        return {}
+    return dict(word.partition("=")[::2] for word in proc.stdout.split() if "=" in word)
 
 
 def preemption_started(environ: Mapping[str, str]) -> bool:
-    """Whether Slurm has begun preempting this job: `scontrol show job` gives its PreemptTime (None until then).
-    False outside Slurm, or when scontrol cannot tell within PREEMPT_QUERY_TIMEOUT."""
-    job_id = environ.get("SLURM_JOB_ID")
-    if not job_id:
-        return False
-    try:
-        proc = commands.run(["scontrol", "show", "job", "-o", job_id], PREEMPT_QUERY_TIMEOUT)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    fields = dict(word.partition("=")[::2] for word in proc.stdout.split() if "=" in word)
-    return proc.returncode == 0 and fields.get("PreemptTime", "None") not in ("None", "Unknown", "")
+    """Whether Slurm has begun preempting this job: its PreemptTime is set (None until then)."""
+    return job_fields(environ).get("PreemptTime", "None") not in ("None", "Unknown", "")
+
+
+def with_slurms_restart_count(environ: Mapping[str, str]) -> Mapping[str, str]:
+    """`environ` with SLURM_RESTART_COUNT as Slurm counts this job's requeues (`Restarts`). Slurm sets the
+    variable only from the first requeue on, so on a first run it is whatever the submitting shell had: a job
+    submitted from a requeued job inherits that job's count. Unchanged when Slurm does not say."""
+    restarts = job_fields(environ).get("Restarts", "")
+    return {**environ, "SLURM_RESTART_COUNT": restarts} if whole_number(restarts) is not None else environ
 
 
 def exit_without_result(status: int) -> None:
@@ -568,6 +586,9 @@ class Resumable:
 
     def __init__(self, checkpoint_path: Union[str, os.PathLike], *, signal: SignalSpec = None,
                  max_requeues: Optional[int] = None) -> None:
+        if not os.fspath(checkpoint_path):
+            raise RequeueError("Resumable(''): give the checkpoint's file path, such as 'runs/ckpt.pt' (the "
+                               "requeued job resumes from it)")
         self.checkpoint_path = Path(checkpoint_path).absolute()
         if signal is not None:  # checked where it is written, not once the job has waited in the queue
             parse_signal(signal)

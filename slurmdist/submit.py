@@ -221,7 +221,7 @@ class Resources:
         for name in ("nodes", "gpus_per_node", "tasks_per_node", "cpus_per_task", "signal_delay"):
             value = getattr(self, name)
             minimum = 0 if name in ("gpus_per_node", "signal_delay") else 1
-            if value is not None and not is_whole(value, minimum):
+            if (value is not None or name == "signal_delay") and not is_whole(value, minimum):
                 raise SubmitError(f"{name}={value!r} must be a whole number >= {minimum}")
         if self.gpus_per_node and self.tasks_per_node not in (None, self.gpus_per_node):
             raise SubmitError(

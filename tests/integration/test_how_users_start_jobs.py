@@ -136,3 +136,41 @@ def test_an_mpirun_job_whose_daemon_a_signal_killed_does_not_end_as_a_success(sl
     assert "wrote no new" in output and "result: " not in output, output
     state = slurm_cluster.run(["scontrol", "-o", "show", "job", job], timeout=30).stdout
     assert "JobState=FAILED" in state, state
+
+
+INHERITED_COUNT_RUN = """
+import os, sys, time
+import slurmdist.requeue
+preemption = slurmdist.requeue.install()
+first = not os.path.exists(sys.argv[1])
+open(sys.argv[1], "a").close()
+print("run", "first" if first else "again", "SLURM_RESTART_COUNT", os.environ.get("SLURM_RESTART_COUNT"), flush=True)
+if first:
+    deadline = time.monotonic() + 100
+    while not preemption.requested and time.monotonic() < deadline:
+        time.sleep(0.1)
+    preemption.requeue()
+print("finished", flush=True)
+"""
+
+
+def test_a_restart_count_inherited_from_the_submitting_shell_does_not_use_up_the_requeues(slurm_cluster, tmp_path):
+    # Slurm sets SLURM_RESTART_COUNT only from a job's first requeue on, and sbatch passes the submitter's on: a
+    # job submitted from a requeued job (a chain) read its parent's count and refused to requeue ("already
+    # requeued 1 time", limit 1) although Slurm had never requeued it.
+    log, marker = tmp_path / "job.out", tmp_path / "ran-once"
+    script = tmp_path / "job.sh"
+    script.write_text(f"#!/bin/bash\n#SBATCH -N1 -n1 --requeue --open-mode=append --output={log}\n"
+                      f"srun {PYTHON} -c '{INHERITED_COUNT_RUN}' {marker}\n")
+    job = slurm_cluster.run(["sbatch", "--parsable", str(script)], timeout=TIMEOUT, cwd=tmp_path,
+                            env={"SLURM_RESTART_COUNT": "1", "SLURMDIST_MAX_REQUEUES": "1"}).stdout.strip()
+    deadline = time.monotonic() + TIMEOUT
+    while not (log.exists() and "run first SLURM_RESTART_COUNT 1" in log.read_text()):
+        assert time.monotonic() < deadline, log.read_text() if log.exists() else "no log"
+        time.sleep(0.2)
+    slurm_cluster.run(["scancel", "--signal=USR2", job], timeout=30)
+    while "finished" not in log.read_text():
+        assert time.monotonic() < deadline, log.read_text()
+        time.sleep(0.3)
+    assert "already requeued" not in log.read_text(), log.read_text()
+    assert "run again SLURM_RESTART_COUNT 1" in log.read_text()  # Slurm's own count now

@@ -144,6 +144,15 @@ def test_a_warning_that_cannot_requeue_saves_and_stops_with_one_line_and_status_
     assert 0 < stopped_at < 400 and train.load_checkpoint(checkpoint)["step"] == stopped_at
 
 
+def test_a_requeue_signal_no_process_can_catch_is_one_line_not_a_traceback():
+    environ = {name: value for name, value in os.environ.items()
+               if not name.startswith(LAUNCHER_PREFIXES) and name not in LAUNCHER_NAMES}
+    done = subprocess.run([sys.executable, str(TRAIN), "--steps", "1"], capture_output=True, text=True, timeout=120,
+                          env={**environ, "SLURMDIST_REQUEUE_SIGNAL": "KILL"})
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.startswith("train.py: SLURMDIST_REQUEUE_SIGNAL='KILL' cannot be caught"), done.stderr
+
+
 def test_atomic_write_keeps_the_old_file_when_writing_fails(train, tmp_path):
     target = tmp_path / "result.json"
     target.write_text("old")

@@ -143,6 +143,21 @@ def test_a_job_slurm_cannot_requeue_because_srun_started_it_is_told_so():
     disabled = "import sys; sys.stderr.write('Requested operation is disabled'); sys.exit(1)"
     with pytest.raises(RequeueError, match="JobRequeue=0"):
         _run_requeue([sys.executable, "-c", disabled])
+    # Anything else (slurmctld unreachable) is not a sign of JobRequeue=0.
+    unreachable = "import sys; sys.stderr.write('Unable to contact slurm controller (connect failure)'); sys.exit(1)"
+    with pytest.raises(RequeueError, match="resubmit the job to resume from it") as other:
+        _run_requeue([sys.executable, "-c", unreachable])
+    assert "JobRequeue=0" not in str(other.value)
+
+
+def test_resumable_and_submitter_refuse_what_would_fail_later():
+    from slurmdist.requeue import Resumable
+    from slurmdist.submit import SubmitError, Submitter
+
+    with pytest.raises(RequeueError, match=r"Resumable\(''\): give the checkpoint's file path"):
+        Resumable("")
+    with pytest.raises(SubmitError, match="signal_delay=None must be a whole number >= 0"):
+        Submitter(cluster="local", signal_delay=None)
 
 
 def test_plan_gives_up_after_the_limit_and_outside_slurm():
