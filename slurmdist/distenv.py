@@ -92,8 +92,24 @@ class DistEnv:
         return fields
 
 
+# The fields that hold counts and positions: ints (not bools, floats or strings), None only where optional.
+_WHOLE_FIELDS = {"rank": False, "local_rank": False, "world_size": False, "local_world_size": False,
+                 "node_rank": True, "num_nodes": True, "master_port": True}
+
+
+def require_distenv(env: object) -> DistEnv:
+    """`env` itself when it is a DistEnv; else a TypeError that says what was expected."""
+    if not isinstance(env, DistEnv):
+        raise TypeError(f"expected the DistEnv that slurmdist.detect() or slurmdist.init() returned, got {env!r}")
+    return env
+
+
 def check_topology(env: DistEnv) -> None:
     """Reject a topology that cannot be true, naming the launcher whose variables said so."""
+    for name, optional in _WHOLE_FIELDS.items():  # env.replace(world_size=2.0) from code: a TypeError, said so
+        value = getattr(env, name)
+        if type(value) is not int and not (optional and value is None):
+            raise TypeError(f"DistEnv.{name}={value!r} must be an int{' or None' if optional else ''}")
     if env.launcher not in LAUNCHERS:
         raise LaunchError(f"unknown launcher {env.launcher!r}; expected one of {', '.join(LAUNCHERS)}")
     pairs = [

@@ -3,15 +3,11 @@
 from __future__ import annotations
 
 import os
+from collections import abc
 from typing import Dict, MutableMapping, Optional
 
-from .distenv import DistEnv
+from .distenv import DistEnv, require_distenv
 from .errors import SlurmdistError
-
-
-def _require_env(env: object) -> None:
-    if not isinstance(env, DistEnv):
-        raise TypeError(f"expected the DistEnv that slurmdist.detect() or slurmdist.init() returned, got {env!r}")
 
 
 def torchrun_variables(env: DistEnv) -> Dict[str, str]:
@@ -19,7 +15,7 @@ def torchrun_variables(env: DistEnv) -> Dict[str, str]:
 
     Master address and port are left out when not yet known (MPI across nodes before `init()`).
     """
-    _require_env(env)
+    require_distenv(env)
     variables = {
         "RANK": str(env.rank),
         "LOCAL_RANK": str(env.local_rank),
@@ -51,7 +47,9 @@ def export_env(env: DistEnv, environ: Optional[MutableMapping[str, str]] = None)
     across nodes (see slurmdist.mpi_share).
     """
     target = os.environ if environ is None else environ
-    _require_env(env)
+    require_distenv(env)
+    if not isinstance(target, abc.MutableMapping):
+        raise TypeError(f"environ={environ!r} must be a mapping to set the variables in, such as os.environ")
     if env.world_size > 1 and (env.master_addr is None or env.master_port is None):
         missing = " and ".join(name for name, value in (("MASTER_ADDR", env.master_addr),
                                                         ("MASTER_PORT", env.master_port)) if value is None)

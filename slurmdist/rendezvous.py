@@ -26,7 +26,7 @@ from typing import Any, Iterator, List, Mapping, Optional, Sequence, Tuple
 from . import procfs, store_server, store_watchdog
 from .background import call_with_timeout
 from .bounds import Deadline, init_timeout, poll_pauses, timeout_knob
-from .distenv import LOOPBACK, DistEnv
+from .distenv import LOOPBACK, DistEnv, require_distenv
 from .errors import RendezvousError
 from .hosts import (
     free_port, hostfile_master, hostport, is_ipv6, lookup, lookup_failure, lookup_form, names_this_host, own_address,
@@ -73,6 +73,7 @@ def resolve_master(
     not in DNS is replaced by Slurm's NodeAddr. `deadline`, when given, is one the caller's later waits share
     (instead of `timeout` seconds from now).
     """
+    require_distenv(env)
     environ = os.environ if environ is None else environ
     if deadline is None:
         deadline = Deadline(init_timeout(timeout, environ), timeout_knob(timeout, "--timeout"))

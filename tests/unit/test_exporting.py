@@ -84,3 +84,15 @@ def test_arguments_of_the_wrong_kind_say_what_was_expected():
     for call in (export_env, torchrun_variables):
         with pytest.raises(TypeError, match="expected the DistEnv that slurmdist.detect.. or slurmdist.init.. returned"):
             call(None)
+    # Found in an API trial: AttributeErrors from inside, or a float accepted into the env.
+    from slurmdist.rendezvous import resolve_master
+
+    with pytest.raises(TypeError, match="expected the DistEnv that slurmdist.detect.. or slurmdist.init.. returned"):
+        resolve_master(None)
+    with pytest.raises(TypeError, match="environ=5 must be a mapping to set the variables in"):
+        export_env(detect({}), 5)
+    for field, value, shown in (("rank", "1", "'1'"), ("world_size", 2.0, "2.0"), ("local_rank", True, "True"),
+                                ("master_port", "29500", "'29500'")):
+        with pytest.raises(TypeError, match=rf"DistEnv.{field}={shown} must be an int"):
+            detect({}).replace(**{field: value})
+    assert detect({}).replace(master_port=None).master_port is None  # optional fields take None
