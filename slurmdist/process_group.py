@@ -74,7 +74,7 @@ def init(
             env = _state["env"]
             warnings.warn(f"slurmdist.init() was already called; returning the existing environment (backend "
                           f"{env.backend} on {env.device}; this call's arguments are not used: shutdown() first to "
-                          "form a group with others)", stacklevel=2)
+                          "form a group with others)", stacklevel=_users_frame())
             return _state["env"]
         environ = os.environ if environ is None else require_mapping(environ)
         started = time.monotonic()
@@ -123,7 +123,7 @@ def _choose_device(env: DistEnv, backend: str, device: Any, environ: Mapping[str
     unused = None if device_type == "cpu" else (  # the CPU asked for: nothing to warn about
         backends.unused_gpus(backend, choice, caps, environ) or backends.unused_npus(backend, choice, caps))
     if unused and env.local_rank == 0:  # once per node: the node's ranks share the cause
-        warnings.warn(unused, stacklevel=3)
+        warnings.warn(unused, stacklevel=_users_frame())
     backends.check_index(device, choice)
     count = devices.device_count(choice.device_type) if choice.device_type != "cpu" else 0
     plan = devices.plan(choice.device_type, env.local_rank, env.local_world_size, count, environ, index,
@@ -138,6 +138,25 @@ def _check_gloo_interface(env: DistEnv, environ: Mapping[str, str]) -> None:
         interfaces.check_user_choice(chosen, interfaces.interface_names())
 
 
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+_CONTEXTLIB = os.path.abspath(contextlib.__file__)
+
+
+def _users_frame() -> int:
+    """The `stacklevel` that makes a warning name the user's line (`slurmdist.init()`, `with
+    slurmdist.initialized():`), however deep in slurmdist (and contextlib, for `initialized()`) it is raised."""
+    frame = sys._getframe(1)  # the function that calls warnings.warn: stacklevel 1
+    level = 1
+    while frame.f_back is not None and _internal(frame.f_code.co_filename):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def _internal(filename: str) -> bool:
+    path = os.path.abspath(filename)
+    return os.path.dirname(path) == _PACKAGE_DIR or path == _CONTEXTLIB
+
+
 def _start_group(env: DistEnv, deadline: bounds.Deadline, environ: Mapping[str, str]) -> DistEnv:
     import torch.distributed as dist
 
@@ -150,7 +169,8 @@ def _start_group(env: DistEnv, deadline: bounds.Deadline, environ: Mapping[str, 
                 "group of another shape. Form the group with slurmdist.init() only, or destroy yours first "
                 "(torch.distributed.destroy_process_group())"
             )
-        warnings.warn("torch.distributed was initialised outside slurmdist; adopting that group", stacklevel=3)
+        warnings.warn("torch.distributed was initialised outside slurmdist; adopting that group",
+                      stacklevel=_users_frame())
         _state["owned"] = False  # shutdown() leaves a group it did not create alone
         return env.replace(backend=str(dist.get_backend()))
     _state["owned"] = True

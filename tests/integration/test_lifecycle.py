@@ -275,6 +275,11 @@ def test_a_group_formed_outside_slurmdist_is_adopted_when_its_shape_is_the_launc
     assert (env.rank, env.world_size) == (0, 1) and works()
     slurmdist.shutdown()
     assert dist.is_initialized()  # not slurmdist's to destroy
+    # Through initialized() too, the warning names the user's line, not slurmdist's or contextlib's.
+    with pytest.warns(UserWarning, match="adopting that group") as warned:
+        with slurmdist.initialized(environ=single):
+            pass
+    assert [w.filename for w in warned] == [__file__], [w.filename for w in warned]
 
 
 def test_a_group_formed_outside_slurmdist_of_another_shape_is_refused(single):
