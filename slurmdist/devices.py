@@ -25,8 +25,8 @@ VISIBILITY_VARIABLES = {
 }
 # The variables that list one process's own devices, per device type: on ROCm, HIP applies HIP_VISIBLE_DEVICES
 # (else CUDA_VISIBLE_DEVICES) to what ROCR_VISIBLE_DEVICES left, so the shortest list set is what it can see.
-PER_PROCESS_LISTS = {"cuda": ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES"),
-                     "npu": ("ASCEND_RT_VISIBLE_DEVICES",)}
+# ASCEND_VISIBLE_DEVICES, a container's (and ranges allowed), is not one.
+PER_PROCESS_LISTS = {"cuda": VISIBILITY_VARIABLES["cuda"], "npu": VISIBILITY_VARIABLES["npu"][:1]}
 SHARE_VARIABLE = "SLURMDIST_SHARE_DEVICES"
 SLURM_SETS = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")  # in each task of a step with GPUs
 TRUE_WORDS = ("1", "true", "yes", "on")

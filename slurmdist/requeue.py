@@ -388,19 +388,18 @@ class Preemption:
         decision = plan(environ, self.max_requeues, restarts)
         if decision.action is Action.GIVE_UP:
             raise RequeueError(f"not requeued: {decision.reason}")
-        if self.ending:  # preempted: Slurm may be requeueing it already (no GraceTime), which refuses ours
-            try:
-                _run_requeue(decision.command)
-            except RequeueError as error:
-                log.warning("slurmdist: %s; Slurm is ending the job", error)
-                exit_without_result(ENDED_EXIT_STATUS)
-            log.warning("slurmdist: requeued job %s; waiting for Slurm to end this run", decision.job_id)
-            _wait_to_be_ended(KILL_WAIT_TIMEOUT)
         if decision.action is Action.LOCAL_RESTART:
             if counter is not None:
                 counter.record(restarts + 1)
             _restart_local_job()
-        _run_requeue(decision.command)
+        try:
+            _run_requeue(decision.command)
+        except RequeueError as error:
+            if not self.ending:
+                raise
+            # Preempted: Slurm may be requeueing the job already (no GraceTime), which refuses ours.
+            log.warning("slurmdist: %s; Slurm is ending the job", error)
+            exit_without_result(ENDED_EXIT_STATUS)
         log.warning("slurmdist: requeued job %s; waiting for Slurm to end this run", decision.job_id)
         _wait_to_be_ended(KILL_WAIT_TIMEOUT)
 

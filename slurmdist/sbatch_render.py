@@ -139,8 +139,8 @@ def validate(spec: JobSpec) -> JobSpec:
                           f"the script writes as --gpus-per-node={spec.gpus_per_node}: Slurm takes one of the two "
                           "(the tasks saw -G's count). Give the count once, with -G, and a GPU type with --sbatch "
                           "constraint=TYPE; or leave -G out and give --tasks-per-node to go with the gres")
-    if _npu_gres(spec) and any(re.match(r"npu(:|$)", item) for item in _extra_gres(spec)):
-        raise SbatchError(f"--sbatch gres={','.join(_extra_gres(spec))} asks for NPUs again beside -G "
+    if _npu_gres(spec) and any(re.match(r"npu(:|$)", item) for item in gres):
+        raise SbatchError(f"--sbatch gres={','.join(gres)} asks for NPUs again beside -G "
                           f"{spec.gpus_per_node} --device npu, which the script writes as --gres=npu:"
                           f"{spec.gpus_per_node}: give the NPU count once, with -G")
     # Errors quote the value as the user wrote it.

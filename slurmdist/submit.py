@@ -235,12 +235,14 @@ class Resources:
             if value is not None and "\\" in value:  # sbatch unquotes #SBATCH lines: 'a\b' became 'ab'
                 raise SubmitError(f"{name}={value!r}: sbatch reads a backslash in an #SBATCH line as an escape and "
                                   "drops it; leave it out")
+            refuse_undecodable(f"{name}=", value)
         if isinstance(self.setup, str):
             raise SubmitError("setup must be a list of shell lines, not one string")
         for index, line in enumerate(self.setup):
             if not isinstance(line, str):
                 raise SubmitError(f"setup[{index}]={line!r} is not a shell line: give each line as text, e.g. "
                                   "setup=['module load cuda', 'export OMP_NUM_THREADS=4']")
+            refuse_undecodable("the setup line ", line)
         problem = setup_syntax_problem(list(self.setup), option="setup")
         if problem is not None:  # found when the job starts, after its wait in the queue, otherwise
             raise SubmitError(problem)
@@ -253,11 +255,6 @@ class Resources:
         except RequeueError as error:
             raise SubmitError(str(error)) from None
         _check_sbatch_options(self.sbatch)
-        script_text = [("name=", self.name), ("partition=", self.partition), ("account=", self.account),
-                       *(("the setup line ", line) for line in self.setup),
-                       *(("the sbatch option ", f"{key}={value}") for key, value in self.sbatch.items())]
-        for name, value in script_text:
-            refuse_undecodable(name, value)
 
     def _check_signal_delay(self, minutes: int) -> None:
         problem = signal_delay_problem(self.signal_delay, minutes, what=f"signal_delay={self.signal_delay} s",
@@ -299,6 +296,7 @@ def _check_sbatch_options(options: Mapping[str, Any]) -> None:
             raise SubmitError(f"sbatch option {key}=False: leave the option out instead (True sets a flag)")
         if not isinstance(value, (str, int, float, bool)) or (isinstance(value, str) and "\n" in value):
             raise SubmitError(f"sbatch option {key}={value!r}: the value must be one line of text, a number or True")
+        refuse_undecodable("the sbatch option ", f"{key}={value}")
 
 
 def signal_variables(resources: Resources) -> Dict[str, str]:
